@@ -1,0 +1,159 @@
+//! The durable store, as a trait both SQLite and PostgreSQL implement.
+//!
+//! **A store persists the transition it is given with compare-and-set and never chooses one.**
+//! The executor decides the next state; the store writes it only if the record still has the
+//! fencing token (and status, and for a takeover an expired lease) that the executor saw.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde_json::Value;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::OperationKey;
+use crate::record::{Event, Millis, Record, RecordState, RecordStatus};
+
+/// A boxed future, so that `dyn Store` works without an async-trait dependency.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A store failure, classified by what the caller may conclude from it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The write did not happen (connection refused, pool exhausted, database down before the
+    /// statement was sent). Nothing changed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The write may or may not have committed (connection lost during commit). The caller
+    /// must treat the record as unknown to itself and read it again.
+    #[error("store write outcome unknown: {0}")]
+    Ambiguous(String),
+    /// A stored row does not describe a valid record.
+    #[error("store holds a malformed record: {0}")]
+    Corrupt(String),
+}
+
+/// The answer of an atomic claim-or-load: the unique key decided which.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claimed {
+    /// This call inserted the record; the caller owns it.
+    Inserted(Record),
+    /// A record already existed under the key; it is returned unchanged.
+    Existing(Record),
+}
+
+/// What the record must still look like for a transition to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expect {
+    pub fence: u64,
+    pub status: RecordStatus,
+    /// For a takeover: the lease must have expired at or before this instant, so a renewal
+    /// that raced the takeover wins.
+    pub lease_expired_by: Option<Millis>,
+}
+
+/// Whether a transition keeps, clears or replaces the stored request arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestUpdate {
+    Keep,
+    Clear,
+    Set(Value),
+}
+
+/// One compare-and-set transition, fully decided by the executor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub key: OperationKey,
+    pub expect: Expect,
+    pub next: RecordState,
+    /// The fencing token after the transition: the same for the owner's own steps, one more
+    /// on a takeover.
+    pub fence: u64,
+    pub request: RequestUpdate,
+    /// Set when an approval is recorded.
+    pub approved_by: Option<String>,
+    /// Replaces the stored fingerprint (an operator's `not_applied` lets a new request run).
+    pub fingerprint: Option<Fingerprint>,
+    pub events: Vec<Event>,
+    pub now: Millis,
+}
+
+/// The answer of a compare-and-set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cas {
+    /// The transition was written; the record as it now is.
+    Done(Record),
+    /// The record no longer matched; the record as it now is, if it still exists.
+    Lost(Option<Record>),
+}
+
+/// A listing query; `status = Unknown` is the reconciliation queue.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Filter {
+    pub tenant: Option<String>,
+    pub status: Option<RecordStatus>,
+    pub tool: Option<String>,
+    /// Only keys greater than this one (keyset pagination).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// What one retention sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepReport {
+    /// Terminal records past `expires_at` turned into tombstones.
+    pub compacted: u64,
+    /// Tombstones past `purge_at` deleted, with their events.
+    pub purged: u64,
+}
+
+/// The durable store.
+///
+/// Sweeping is the one bulk transition, and its rule is fixed here so that stores agree:
+/// records in `applied`, `failed_permanent` or `awaiting_approval` whose `expires_at` has
+/// passed become tombstones (reference and refusal code kept; result and request dropped; an
+/// `expired` event appended); tombstones whose `purge_at` has passed are deleted with their
+/// events. `pending` and `unknown` records are never swept: they still need an owner path.
+pub trait Store: Send + Sync + 'static {
+    /// Reads one record. Never writes.
+    fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>>;
+
+    /// Inserts `record` if no record exists under its key, else returns the existing one —
+    /// atomically, decided by the store's unique constraint. `events` are appended with the
+    /// insert in the same transaction, and only if it inserted.
+    fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>>;
+
+    /// Applies `transition` if the record still matches its expectation.
+    fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>>;
+
+    /// Appends trace entries without a transition.
+    fn append_events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The trace of one operation, oldest first.
+    fn events<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Vec<Event>, Error>>;
+
+    /// Records matching `filter`, ordered by key.
+    fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
+
+    /// Pending records the recoverer should look at: a lease expired by `now` (released ones
+    /// included), or an accepted job to poll. At most `limit`, oldest update first.
+    fn recoverable(&self, now: Millis, limit: usize)
+    -> BoxFuture<'_, Result<Vec<Record>, Error>>;
+
+    /// A record of `tool` in `tenant` with this fingerprint created at or after `since`, for
+    /// the duplicate-intent window.
+    fn find_fingerprint<'a>(
+        &'a self,
+        tenant: &'a str,
+        tool: &'a str,
+        fingerprint: &'a Fingerprint,
+        since: Millis,
+    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>>;
+
+    /// One retention sweep of at most `limit` rows of each kind (see the trait's rule).
+    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>>;
+}
