@@ -45,11 +45,11 @@ impl Span {
 impl fmt::Display for Span {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.0;
-        if s != 0 && s % 86_400 == 0 {
+        if s != 0 && s.is_multiple_of(86_400) {
             write!(f, "{}d", s / 86_400)
-        } else if s != 0 && s % 3600 == 0 {
+        } else if s != 0 && s.is_multiple_of(3600) {
             write!(f, "{}h", s / 3600)
-        } else if s != 0 && s % 60 == 0 {
+        } else if s != 0 && s.is_multiple_of(60) {
             write!(f, "{}m", s / 60)
         } else {
             write!(f, "{s}s")

@@ -153,6 +153,6 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     if cf.owner.next_review.is_none() {
         flag(Warning, "no-next-review", "owner.next_review", "no date for the next review".into());
     }
-    out.sort_by(|a, b| b.level.cmp(&a.level));
+    out.sort_by_key(|f| std::cmp::Reverse(f.level));
     out
 }
