@@ -104,7 +104,10 @@ mod tests {
             r#"{"string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/"}"#,
             r#"{"string":"€$\u000f\nA'B\"\\\\\"/"}"#,
         );
-        check(r#"{"literals": [null, true, false]}"#, r#"{"literals":[null,true,false]}"#);
+        check(
+            r#"{"literals": [null, true, false]}"#,
+            r#"{"literals":[null,true,false]}"#,
+        );
         // Sorting by UTF-16 code units puts U+1F600 (a surrogate pair) before U+FB33.
         check(
             "{\"\u{20ac}\":\"Euro Sign\",\"\\r\":\"Carriage Return\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\",\"1\":\"One\",\"\u{1f600}\":\"Emoji: Grinning Face\",\"\u{0080}\":\"Control\",\"\u{00f6}\":\"Latin Small Letter O With Diaeresis\"}",

@@ -365,7 +365,9 @@ impl Contract {
         {
             return Err(err(
                 "name",
-                format!("a tool name is 1 to {MAX_TOOL_NAME} characters of A-Z, a-z, 0-9, `.`, `_`, `-`"),
+                format!(
+                    "a tool name is 1 to {MAX_TOOL_NAME} characters of A-Z, a-z, 0-9, `.`, `_`, `-`"
+                ),
             ));
         }
         let version = match &cf.version {
@@ -408,7 +410,10 @@ impl Contract {
             }
         };
         if retention.record_ttl.seconds() == 0 {
-            return Err(err("retention.record_ttl", "must be longer than zero".into()));
+            return Err(err(
+                "retention.record_ttl",
+                "must be longer than zero".into(),
+            ));
         }
         if retention.record_ttl.seconds() + retention.tombstone_ttl.seconds()
             < retention.max_retry_window.seconds()
@@ -647,11 +652,15 @@ impl Contract {
             ApprovalRule::Never | ApprovalRule::Default => false,
             ApprovalRule::Always => true,
             ApprovalRule::WhenMatches => {
-                self.file.security.approval_when.iter().any(|(field, values)| {
-                    arguments
-                        .get(field)
-                        .is_some_and(|v| values.iter().any(|x| x == v))
-                })
+                self.file
+                    .security
+                    .approval_when
+                    .iter()
+                    .any(|(field, values)| {
+                        arguments
+                            .get(field)
+                            .is_some_and(|v| values.iter().any(|x| x == v))
+                    })
             }
         }
     }

@@ -90,7 +90,13 @@ mod tests {
 
     #[test]
     fn spans() {
-        for (text, secs) in [("90s", 90), ("15m", 900), ("24h", 86_400), ("7d", 604_800), ("30", 30)] {
+        for (text, secs) in [
+            ("90s", 90),
+            ("15m", 900),
+            ("24h", 86_400),
+            ("7d", 604_800),
+            ("30", 30),
+        ] {
             assert_eq!(Span::parse(text), Ok(Span(secs)), "{text}");
         }
         assert!(Span::parse("7w").unwrap_err().contains("unit `w`"));

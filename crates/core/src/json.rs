@@ -70,7 +70,9 @@ fn scan_integer_literals(bytes: &[u8]) -> Result<(), Error> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
                     i += 1;
                 }
                 let token = &bytes[start..i];
@@ -114,7 +116,11 @@ fn describe(e: &serde_json::Error) -> String {
             }
         }
     };
-    format!("request body {what} (line {}, column {})", e.line(), e.column())
+    format!(
+        "request body {what} (line {}, column {})",
+        e.line(),
+        e.column()
+    )
 }
 
 /// Checks a value built elsewhere (a contract default, say) against the same number rule.
@@ -271,23 +277,55 @@ mod tests {
 
     #[test]
     fn strict_json() {
-        check(r#"{"a":1,"b":[true,null,"x"]}"#, Ok(r#"{"a":1,"b":[true,null,"x"]}"#));
+        check(
+            r#"{"a":1,"b":[true,null,"x"]}"#,
+            Ok(r#"{"a":1,"b":[true,null,"x"]}"#),
+        );
         check("9007199254740992", Ok("9007199254740992"));
         check("-9007199254740992", Ok("-9007199254740992"));
-        check("9007199254740993", Err("request body a number is an integer beyond ±2^53"));
-        check("-9007199254740993", Err("request body a number is an integer beyond ±2^53"));
-        check("18446744073709551617", Err("request body a number is an integer beyond ±2^53"));
+        check(
+            "9007199254740993",
+            Err("request body a number is an integer beyond ±2^53"),
+        );
+        check(
+            "-9007199254740993",
+            Err("request body a number is an integer beyond ±2^53"),
+        );
+        check(
+            "18446744073709551617",
+            Err("request body a number is an integer beyond ±2^53"),
+        );
         check("1e20", Ok("1e20"));
         check("1.5e300", Ok("1.5e300"));
-        check(r#"{"s":"123456789012345678901234","n":[1,2]}"#, Ok(r#"{"s":"123456789012345678901234","n":[1,2]}"#));
-        check(r#"{"s":"a\"99999999999999999","n":1}"#, Ok(r#"{"s":"a\"99999999999999999","n":1}"#));
-        check("[1,\n 99999999999999999]", Err("request body a number is an integer beyond ±2^53, which JSON canonicalisation cannot keep distinct; send it as a string (line 2"));
+        check(
+            r#"{"s":"123456789012345678901234","n":[1,2]}"#,
+            Ok(r#"{"s":"123456789012345678901234","n":[1,2]}"#),
+        );
+        check(
+            r#"{"s":"a\"99999999999999999","n":1}"#,
+            Ok(r#"{"s":"a\"99999999999999999","n":1}"#),
+        );
+        check(
+            "[1,\n 99999999999999999]",
+            Err(
+                "request body a number is an integer beyond ±2^53, which JSON canonicalisation cannot keep distinct; send it as a string (line 2",
+            ),
+        );
         check("0.1", Ok("0.1"));
         check("1e400", Err("request body is not valid JSON"));
-        check(r#"{"a":1,"a":2}"#, Err("request body member name `a` appears twice in one object"));
-        check(r#"{"a":{"b":1,"b":1}}"#, Err("request body member name `b` appears twice"));
+        check(
+            r#"{"a":1,"a":2}"#,
+            Err("request body member name `a` appears twice in one object"),
+        );
+        check(
+            r#"{"a":{"b":1,"b":1}}"#,
+            Err("request body member name `b` appears twice"),
+        );
         check(r#"{"a":1} x"#, Err("request body is not valid JSON"));
-        check(r#"{"a":"#, Err("request body ends before the JSON value is complete"));
+        check(
+            r#"{"a":"#,
+            Err("request body ends before the JSON value is complete"),
+        );
         check(r#""\ud800""#, Err("request body is not valid JSON"));
     }
 
@@ -297,7 +335,10 @@ mod tests {
         assert!(parse(deep.as_bytes()).is_ok());
         let deeper = "[".repeat(DEFAULT_MAX_DEPTH + 1) + &"]".repeat(DEFAULT_MAX_DEPTH + 1);
         let err = parse(deeper.as_bytes()).unwrap_err();
-        assert!(err.message.contains("nesting is deeper than 32 levels"), "{err}");
+        assert!(
+            err.message.contains("nesting is deeper than 32 levels"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub enum Error {
     NotPrintable { part: &'static str, at: usize },
     #[error("operation key is {len} bytes long; at most {MAX_KEY_BYTES} are allowed")]
     TooLong { len: usize },
-    #[error("operation key `{0}` does not have four `:`-separated parts (tenant:environment:workflow_id:step_id)")]
+    #[error(
+        "operation key `{0}` does not have four `:`-separated parts (tenant:environment:workflow_id:step_id)"
+    )]
     Shape(String),
 }
 
@@ -151,7 +153,12 @@ mod tests {
                 let back = OperationKey::parse(joined).unwrap();
                 assert_eq!(back, key);
                 assert_eq!(
-                    [back.tenant(), back.environment(), back.workflow_id(), back.step_id()],
+                    [
+                        back.tenant(),
+                        back.environment(),
+                        back.workflow_id(),
+                        back.step_id()
+                    ],
                     parts
                 );
             }
@@ -162,14 +169,41 @@ mod tests {
 
     #[test]
     fn keys() {
-        check(["acme", "production", "run_827", "record_issue"], Ok("acme:production:run_827:record_issue"));
+        check(
+            ["acme", "production", "run_827", "record_issue"],
+            Ok("acme:production:run_827:record_issue"),
+        );
         check(["a", "b", "c", "-"], Ok("a:b:c:-"));
-        check(["", "b", "c", "d"], Err("operation key part `tenant` is empty"));
-        check(["a", "b", "", "d"], Err("operation key part `workflow_id` is empty"));
-        check(["a", "b", "c:x", "d"], Err("operation key part `workflow_id` contains `:`, which separates the parts"));
-        check(["a", "b", "c", "d e"], Err("operation key part `step_id` contains a character that is not printable ASCII at byte 1"));
-        check(["a", "é", "c", "d"], Err("operation key part `environment` contains a character that is not printable ASCII at byte 0"));
-        check(["a", "b", "c", "d\n"], Err("operation key part `step_id` contains a character that is not printable ASCII at byte 1"));
+        check(
+            ["", "b", "c", "d"],
+            Err("operation key part `tenant` is empty"),
+        );
+        check(
+            ["a", "b", "", "d"],
+            Err("operation key part `workflow_id` is empty"),
+        );
+        check(
+            ["a", "b", "c:x", "d"],
+            Err("operation key part `workflow_id` contains `:`, which separates the parts"),
+        );
+        check(
+            ["a", "b", "c", "d e"],
+            Err(
+                "operation key part `step_id` contains a character that is not printable ASCII at byte 1",
+            ),
+        );
+        check(
+            ["a", "é", "c", "d"],
+            Err(
+                "operation key part `environment` contains a character that is not printable ASCII at byte 0",
+            ),
+        );
+        check(
+            ["a", "b", "c", "d\n"],
+            Err(
+                "operation key part `step_id` contains a character that is not printable ASCII at byte 1",
+            ),
+        );
     }
 
     #[test]
@@ -179,13 +213,18 @@ mod tests {
         let longer = "w".repeat(MAX_KEY_BYTES - 5);
         assert_eq!(
             OperationKey::new("a", "b", &longer, "d").unwrap_err(),
-            Error::TooLong { len: MAX_KEY_BYTES + 1 }
+            Error::TooLong {
+                len: MAX_KEY_BYTES + 1
+            }
         );
     }
 
     #[test]
     fn parse_refuses_wrong_shape() {
         assert!(matches!(OperationKey::parse("a:b:c"), Err(Error::Shape(_))));
-        assert!(matches!(OperationKey::parse("a:b:c:d:e"), Err(Error::Shape(_))));
+        assert!(matches!(
+            OperationKey::parse("a:b:c:d:e"),
+            Err(Error::Shape(_))
+        ));
     }
 }

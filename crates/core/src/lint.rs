@@ -67,16 +67,30 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     );
 
     if cf.version.as_deref().is_none_or(|v| v.trim().is_empty()) {
-        flag(Error, "no-version", "version",
-            "no contract version: a change of meaning cannot be told from an old fingerprint".into());
+        flag(
+            Error,
+            "no-version",
+            "version",
+            "no contract version: a change of meaning cannot be told from an old fingerprint"
+                .into(),
+        );
     }
     if cf.purpose.as_deref().is_none_or(|p| p.trim().is_empty()) {
-        flag(Warning, "no-purpose", "purpose",
-            "no purpose: the model and the reviewer cannot tell what business effect occurs".into());
+        flag(
+            Warning,
+            "no-purpose",
+            "purpose",
+            "no purpose: the model and the reviewer cannot tell what business effect occurs".into(),
+        );
     }
     if cf.effect_class != EffectClass::Read && cf.do_not_use_when.is_empty() {
-        flag(Warning, "no-do-not-use-when", "do_not_use_when",
-            "no do_not_use_when: say when the model must not call this (checking, sending again)".into());
+        flag(
+            Warning,
+            "no-do-not-use-when",
+            "do_not_use_when",
+            "no do_not_use_when: say when the model must not call this (checking, sending again)"
+                .into(),
+        );
     }
     if cf.effect_class == EffectClass::NonIdempotent {
         flag(Error, "non-idempotent-exposed", "effect_class",
@@ -95,63 +109,120 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
         if let Some(by) = &cf.operation_key.supplied_by
             && by != "application"
         {
-            flag(Error, "key-not-from-application", "operation_key.supplied_by",
-                format!("the key is supplied by `{by}`; only the application knows the workflow step (never the model, a tool-call id or a timestamp)"));
+            flag(
+                Error,
+                "key-not-from-application",
+                "operation_key.supplied_by",
+                format!(
+                    "the key is supplied by `{by}`; only the application knows the workflow step (never the model, a tool-call id or a timestamp)"
+                ),
+            );
         }
         let dl = &cf.downstream;
         if !dl.deduplicates_by_key && !dl.receipt_lookup {
             flag(Error, "no-receipt-path", "downstream",
                 "neither downstream deduplication on the key nor a receipt lookup: a lost response after the effect can only end in unknown".into());
         }
-        if cf.owner.reconciliation.as_deref().is_none_or(|o| o.trim().is_empty()) {
-            flag(Error, "no-reconciliation-owner", "owner.reconciliation",
-                "nobody owns the unknown-outcome queue".into());
+        if cf
+            .owner
+            .reconciliation
+            .as_deref()
+            .is_none_or(|o| o.trim().is_empty())
+        {
+            flag(
+                Error,
+                "no-reconciliation-owner",
+                "owner.reconciliation",
+                "nobody owns the unknown-outcome queue".into(),
+            );
         }
     }
     let fields = &cf.request_fingerprint.fields;
     if cf.effect_class != EffectClass::Read {
         if fields.is_empty() {
-            flag(Error, "no-material-fields", "request_fingerprint.fields",
-                "no material fields: the fingerprint cannot prove what the operation contained".into());
+            flag(
+                Error,
+                "no-material-fields",
+                "request_fingerprint.fields",
+                "no material fields: the fingerprint cannot prove what the operation contained"
+                    .into(),
+            );
         } else if fields.iter().any(|f| f == "*") {
             flag(Error, "fingerprint-over-everything", "request_fingerprint.fields",
                 "the fingerprint covers every field, including any transport field a retry changes; name the material fields".into());
         }
         for f in fields.iter().filter(|f| is_transport(f)) {
-            flag(Error, "transport-field-in-fingerprint", "request_fingerprint.fields",
-                format!("`{f}` describes the delivery (trace, retry, time or key), not the operation: every retry would mismatch"));
+            flag(
+                Error,
+                "transport-field-in-fingerprint",
+                "request_fingerprint.fields",
+                format!(
+                    "`{f}` describes the delivery (trace, retry, time or key), not the operation: every retry would mismatch"
+                ),
+            );
         }
     }
     if cf.effect_class == EffectClass::Irreversible && cf.security.approval == ApprovalRule::Never {
-        flag(Error, "irreversible-without-approval", "security.approval",
-            "an irreversible effect is exposed without approval".into());
+        flag(
+            Error,
+            "irreversible-without-approval",
+            "security.approval",
+            "an irreversible effect is exposed without approval".into(),
+        );
     }
     if !cf.security.recheck_authorization && cf.effect_class != EffectClass::Read {
         flag(Warning, "no-authorization-recheck", "security.recheck_authorization",
             "authorization is not rechecked before the effect: a retry could outlive a revoked permission".into());
     }
-    if cf.effect_class == EffectClass::NaturalIdempotent && cf.downstream.version_precondition.is_none() {
-        flag(Warning, "no-version-precondition", "downstream.version_precondition",
-            "an absolute update without a version precondition can overwrite a newer change".into());
+    if cf.effect_class == EffectClass::NaturalIdempotent
+        && cf.downstream.version_precondition.is_none()
+    {
+        flag(
+            Warning,
+            "no-version-precondition",
+            "downstream.version_precondition",
+            "an absolute update without a version precondition can overwrite a newer change".into(),
+        );
     }
     match &cf.retention {
-        None if keyed => flag(Error, "no-retention", "retention",
-            "no retention rule: how long a retry still finds its record is undefined".into()),
+        None if keyed => flag(
+            Error,
+            "no-retention",
+            "retention",
+            "no retention rule: how long a retry still finds its record is undefined".into(),
+        ),
         None => {}
         Some(r) => {
             if r.record_ttl.seconds() + r.tombstone_ttl.seconds() < r.max_retry_window.seconds() {
-                flag(Error, "retention-shorter-than-retry-window", "retention",
-                    format!("record {} + tombstone {} is shorter than the retry window {}: a late retry becomes a new effect",
-                        r.record_ttl, r.tombstone_ttl, r.max_retry_window));
+                flag(
+                    Error,
+                    "retention-shorter-than-retry-window",
+                    "retention",
+                    format!(
+                        "record {} + tombstone {} is shorter than the retry window {}: a late retry becomes a new effect",
+                        r.record_ttl, r.tombstone_ttl, r.max_retry_window
+                    ),
+                );
             } else if r.record_ttl.seconds() < r.max_retry_window.seconds() {
-                flag(Warning, "record-shorter-than-retry-window", "retention.record_ttl",
-                    format!("the full record ({}) is kept shorter than the retry window ({}); late retries see only the tombstone",
-                        r.record_ttl, r.max_retry_window));
+                flag(
+                    Warning,
+                    "record-shorter-than-retry-window",
+                    "retention.record_ttl",
+                    format!(
+                        "the full record ({}) is kept shorter than the retry window ({}); late retries see only the tombstone",
+                        r.record_ttl, r.max_retry_window
+                    ),
+                );
             }
         }
     }
     if cf.owner.next_review.is_none() {
-        flag(Warning, "no-next-review", "owner.next_review", "no date for the next review".into());
+        flag(
+            Warning,
+            "no-next-review",
+            "owner.next_review",
+            "no date for the next review".into(),
+        );
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.level));
     out

@@ -86,7 +86,8 @@ pub fn branch(contract: &Contract, record: &Record, incoming: &Fingerprint, now:
             APPROVAL_POLL_SECONDS,
         )),
         RecordState::Unknown(evidence) => Branch::Unknown(
-            Outcome::unknown(key, evidence.reason.clone()).with_reference(evidence.reference.clone()),
+            Outcome::unknown(key, evidence.reason.clone())
+                .with_reference(evidence.reference.clone()),
         ),
         RecordState::Tombstone(digest) => late_arrival(contract, record, digest),
     }
@@ -94,7 +95,11 @@ pub fn branch(contract: &Contract, record: &Record, incoming: &Fingerprint, now:
 
 /// The stored refusal, replayed as the same refusal.
 pub fn refused(record: &Record, refusal: &Refusal) -> Outcome {
-    Outcome::rejected(Some(record.key.clone()), refusal.code, refusal.message.clone())
+    Outcome::rejected(
+        Some(record.key.clone()),
+        refusal.code,
+        refusal.message.clone(),
+    )
 }
 
 fn late_arrival(contract: &Contract, record: &Record, digest: &Digest) -> Branch {
@@ -106,7 +111,8 @@ fn late_arrival(contract: &Contract, record: &Record, digest: &Digest) -> Branch
             "this operation was refused; its record has since expired",
         ));
     }
-    let expired = "the record of this operation expired; a new operation needs new intent (a new key)";
+    let expired =
+        "the record of this operation expired; a new operation needs new intent (a new key)";
     match contract.late_arrival() {
         LateArrival::Reject => Branch::Refuse(
             Outcome::rejected(Some(key), ErrorCode::ExpiredOperation, expired)
@@ -153,7 +159,10 @@ pub enum Miss {
 /// Plans the recovery of a pending `record` whose lease expired or was released.
 pub fn plan_recovery(contract: &Contract, record: &Record) -> Recovery {
     let RecordState::Pending { lease, dispatch } = &record.state else {
-        return Recovery::GiveUp(format!("record is {}, not pending", record.status().as_str()));
+        return Recovery::GiveUp(format!(
+            "record is {}, not pending",
+            record.status().as_str()
+        ));
     };
     if record.tool_version != contract.version {
         // Newer code never drives an older version's pending record by itself: the meaning of

@@ -172,7 +172,11 @@ impl Outcome {
         }
     }
 
-    pub fn replayed(key: OperationKey, reference: Option<String>, result: Option<Value>) -> Outcome {
+    pub fn replayed(
+        key: OperationKey,
+        reference: Option<String>,
+        result: Option<Value>,
+    ) -> Outcome {
         Outcome {
             status: Status::Replayed,
             operation_key: Some(key),
@@ -268,7 +272,11 @@ mod tests {
     #[test]
     fn shape_has_every_field() {
         let key = OperationKey::parse("acme:prod:run_827:step_03").unwrap();
-        let o = Outcome::applied(key, "ticket_1042".into(), serde_json::json!({"id": "ticket_1042"}));
+        let o = Outcome::applied(
+            key,
+            "ticket_1042".into(),
+            serde_json::json!({"id": "ticket_1042"}),
+        );
         let v = serde_json::to_value(&o).unwrap();
         assert_eq!(
             v,
@@ -298,7 +306,11 @@ mod tests {
 
     #[test]
     fn rejected_is_safe_to_repeat_and_mismatch_says_inspect() {
-        let o = Outcome::rejected(None, ErrorCode::IdempotencyKeyReusedWithDifferentRequest, "x");
+        let o = Outcome::rejected(
+            None,
+            ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
+            "x",
+        );
         assert!(o.safe_to_repeat);
         assert_eq!(o.next_action, NextAction::InspectOperation);
         assert_eq!(o.retry_after_seconds, None);

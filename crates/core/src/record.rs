@@ -68,7 +68,10 @@ pub struct Digest {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecordState {
     /// Claimed. Says nothing about whether the effect happened.
-    Pending { lease: Lease, dispatch: Dispatch },
+    Pending {
+        lease: Lease,
+        dispatch: Dispatch,
+    },
     AwaitingApproval,
     Applied(Receipt),
     FailedPermanent(Refusal),
@@ -509,22 +512,46 @@ mod tests {
     fn every_state_survives_the_row() {
         let states = [
             RecordState::Pending {
-                lease: Lease { owner: Some("w1".into()), expires_at: 10 },
+                lease: Lease {
+                    owner: Some("w1".into()),
+                    expires_at: 10,
+                },
                 dispatch: Dispatch::NotSent,
             },
             RecordState::Pending {
-                lease: Lease { owner: None, expires_at: 10 },
+                lease: Lease {
+                    owner: None,
+                    expires_at: 10,
+                },
                 dispatch: Dispatch::Sent,
             },
             RecordState::Pending {
-                lease: Lease { owner: Some("w1".into()), expires_at: 10 },
-                dispatch: Dispatch::Job { job_id: "job-7".into() },
+                lease: Lease {
+                    owner: Some("w1".into()),
+                    expires_at: 10,
+                },
+                dispatch: Dispatch::Job {
+                    job_id: "job-7".into(),
+                },
             },
             RecordState::AwaitingApproval,
-            RecordState::Applied(Receipt { reference: "ticket_1".into(), result: serde_json::json!({"id": 1}) }),
-            RecordState::FailedPermanent(Refusal { code: ErrorCode::DownstreamRejected, message: "no".into() }),
-            RecordState::Unknown(Evidence { reason: "timeout".into(), reference: None, job_id: Some("j".into()) }),
-            RecordState::Tombstone(Digest { reference: Some("ticket_1".into()), refusal: None }),
+            RecordState::Applied(Receipt {
+                reference: "ticket_1".into(),
+                result: serde_json::json!({"id": 1}),
+            }),
+            RecordState::FailedPermanent(Refusal {
+                code: ErrorCode::DownstreamRejected,
+                message: "no".into(),
+            }),
+            RecordState::Unknown(Evidence {
+                reason: "timeout".into(),
+                reference: None,
+                job_id: Some("j".into()),
+            }),
+            RecordState::Tombstone(Digest {
+                reference: Some("ticket_1".into()),
+                refusal: None,
+            }),
         ];
         for state in states {
             let r = record(state);
@@ -540,7 +567,10 @@ mod tests {
         }
         for k in EventKind::ALL {
             assert_eq!(EventKind::parse(k.as_str()), Some(k));
-            assert_eq!(serde_json::to_value(k).unwrap(), serde_json::Value::String(k.as_str().into()));
+            assert_eq!(
+                serde_json::to_value(k).unwrap(),
+                serde_json::Value::String(k.as_str().into())
+            );
         }
     }
 }

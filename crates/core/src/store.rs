@@ -141,8 +141,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Pending records the recoverer should look at: a lease expired by `now` (released ones
     /// included), or an accepted job to poll. At most `limit`, oldest update first.
-    fn recoverable(&self, now: Millis, limit: usize)
-    -> BoxFuture<'_, Result<Vec<Record>, Error>>;
+    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
     /// A record of `tool` in `tenant` with this fingerprint created at or after `since`, for
     /// the duplicate-intent window.
@@ -156,4 +155,45 @@ pub trait Store: Send + Sync + 'static {
 
     /// One retention sweep of at most `limit` rows of each kind (see the trait's rule).
     fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>>;
+}
+
+/// A shared store is a store: executors, recoverers and test wrappers hold `Arc<dyn Store>`.
+impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
+    fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        (**self).get(key)
+    }
+    fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
+        (**self).claim(record, events)
+    }
+    fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
+        (**self).transition(transition)
+    }
+    fn append_events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).append_events(key, events)
+    }
+    fn events<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        (**self).events(key)
+    }
+    fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        (**self).list(filter)
+    }
+    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        (**self).recoverable(now, limit)
+    }
+    fn find_fingerprint<'a>(
+        &'a self,
+        tenant: &'a str,
+        tool: &'a str,
+        fingerprint: &'a Fingerprint,
+        since: Millis,
+    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
+        (**self).find_fingerprint(tenant, tool, fingerprint, since)
+    }
+    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
+        (**self).sweep(now, limit)
+    }
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_core::CANONICALIZATION_VERSION;
 use idemgate_core::clock::Clock;
 use idemgate_core::contract::{Contract, EffectClass};
 use idemgate_core::effect::{
@@ -22,7 +23,6 @@ use idemgate_core::record::{
     Dispatch, Event, EventKind, Evidence, Lease, Millis, Receipt, Record, RecordState, Refusal,
 };
 use idemgate_core::store::{self, Cas, Claimed, Expect, RequestUpdate, Store, Transition};
-use idemgate_core::CANONICALIZATION_VERSION;
 use serde_json::Value;
 
 /// Who is asking. The tenant comes from the caller's credentials, never from the arguments.
@@ -115,9 +115,16 @@ pub enum ActionError {
         status: &'static str,
         action: &'static str,
     },
-    #[error("operation {key} was claimed for a different request than the one approved (fingerprint {found})")]
-    FingerprintChanged { key: OperationKey, found: Fingerprint },
-    #[error("the contract of {0} declares no receipt lookup; resolve it with an operator resolution")]
+    #[error(
+        "operation {key} was claimed for a different request than the one approved (fingerprint {found})"
+    )]
+    FingerprintChanged {
+        key: OperationKey,
+        found: Fingerprint,
+    },
+    #[error(
+        "the contract of {0} declares no receipt lookup; resolve it with an operator resolution"
+    )]
     NoLookup(String),
     #[error("operation {0} changed while this action ran; read it again")]
     Raced(OperationKey),
@@ -340,13 +347,7 @@ impl Executor {
     ) -> Outcome {
         let caller = &operation.caller;
         if let Err(o) = self
-            .authorize(
-                contract,
-                caller,
-                None,
-                fingerprint,
-                AuthStage::BeforeEffect,
-            )
+            .authorize(contract, caller, None, fingerprint, AuthStage::BeforeEffect)
             .await
         {
             return o;
@@ -406,7 +407,15 @@ impl Executor {
         };
         if let Some(record) = existing {
             return self
-                .existing(contract, operation, record, arguments, fingerprint, effect, 0)
+                .existing(
+                    contract,
+                    operation,
+                    record,
+                    arguments,
+                    fingerprint,
+                    effect,
+                    0,
+                )
                 .await;
         }
         let caller = &operation.caller;
@@ -426,7 +435,12 @@ impl Executor {
         if let Some(window) = contract.duplicate_intent_window() {
             match self
                 .store
-                .find_fingerprint(&caller.tenant, &contract.name, fingerprint, now - window.millis())
+                .find_fingerprint(
+                    &caller.tenant,
+                    &contract.name,
+                    fingerprint,
+                    now - window.millis(),
+                )
                 .await
             {
                 Ok(Some(other)) if other != key => {
@@ -482,8 +496,16 @@ impl Executor {
         match self.store.claim(record, events).await {
             Err(e) => store_down(Some(key), &e),
             Ok(Claimed::Existing(record)) => {
-                self.existing(contract, operation, record, arguments, fingerprint, effect, 0)
-                    .await
+                self.existing(
+                    contract,
+                    operation,
+                    record,
+                    arguments,
+                    fingerprint,
+                    effect,
+                    0,
+                )
+                .await
             }
             Ok(Claimed::Inserted(record)) => {
                 if approval {
@@ -573,7 +595,8 @@ impl Executor {
                     // else is recovering it. Report it as in flight rather than loop.
                     return Outcome::in_flight(record.key, NextAction::Poll, 1);
                 }
-                self.recover(contract, record, Some(arguments), effect).await
+                self.recover(contract, record, Some(arguments), effect)
+                    .await
             }
         }
     }
@@ -687,15 +710,22 @@ impl Executor {
             request: RequestUpdate::Set(arguments.clone()),
             approved_by: None,
             fingerprint: None,
-            events: vec![self
-                .event(EventKind::Recovered, fence)
-                .with_detail(format!("took over attempt {}", record.fence))],
+            events: vec![
+                self.event(EventKind::Recovered, fence)
+                    .with_detail(format!("took over attempt {}", record.fence)),
+            ],
             now,
         };
         match self.store.transition(t).await {
             Ok(Cas::Done(record)) => {
-                self.perform(contract, Claim { record }, &arguments, effect, mark_dispatch)
-                    .await
+                self.perform(
+                    contract,
+                    Claim { record },
+                    &arguments,
+                    effect,
+                    mark_dispatch,
+                )
+                .await
             }
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
             Err(e) => store_down(Some(key), &e),
@@ -776,7 +806,10 @@ impl Executor {
             }),
             fence,
             RequestUpdate::Keep,
-            vec![self.event(EventKind::Unknown, fence).with_detail(reason.clone())],
+            vec![
+                self.event(EventKind::Unknown, fence)
+                    .with_detail(reason.clone()),
+            ],
         );
         match self.store.transition(t).await {
             Ok(Cas::Done(_)) => Outcome::unknown(key, reason).with_reference(reference),
@@ -863,16 +896,15 @@ impl Executor {
                         },
                         fence,
                         RequestUpdate::Keep,
-                        vec![self
-                            .event(EventKind::Committed, fence)
-                            .with_detail(format!("job {job_id} accepted"))],
+                        vec![
+                            self.event(EventKind::Committed, fence)
+                                .with_detail(format!("job {job_id} accepted")),
+                        ],
                     );
                     return match self.store.transition(t).await {
-                        Ok(Cas::Done(_)) => Outcome::in_flight(
-                            key,
-                            NextAction::Poll,
-                            machine::JOB_POLL_SECONDS,
-                        ),
+                        Ok(Cas::Done(_)) => {
+                            Outcome::in_flight(key, NextAction::Poll, machine::JOB_POLL_SECONDS)
+                        }
                         Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
                         Err(_) => {
                             let mut o = Outcome::unknown(
@@ -890,9 +922,10 @@ impl Executor {
                         RecordState::FailedPermanent(refusal.clone()),
                         fence,
                         RequestUpdate::Clear,
-                        vec![self
-                            .event(EventKind::Failed, fence)
-                            .with_detail(refusal.code.as_str())],
+                        vec![
+                            self.event(EventKind::Failed, fence)
+                                .with_detail(refusal.code.as_str()),
+                        ],
                     );
                     return match self.store.transition(t).await {
                         Ok(Cas::Done(r)) => machine::refused(&r, &refusal),
@@ -914,7 +947,11 @@ impl Executor {
                     return o;
                 }
                 AfterEffect::Ambiguous(reason) => {
-                    tracing::warn!(operation_key = key.as_str(), reason, "ambiguous downstream answer");
+                    tracing::warn!(
+                        operation_key = key.as_str(),
+                        reason,
+                        "ambiguous downstream answer"
+                    );
                     if contract.receipt_lookup() {
                         match effect.lookup_receipt(&key).await {
                             Lookup::Found(receipt) => {
@@ -930,9 +967,10 @@ impl Executor {
                             .store
                             .append_events(
                                 &key,
-                                vec![self
-                                    .event(EventKind::Sent, fence)
-                                    .with_detail(format!("resend {resends} after: {reason}"))],
+                                vec![
+                                    self.event(EventKind::Sent, fence)
+                                        .with_detail(format!("resend {resends} after: {reason}")),
+                                ],
                             )
                             .await;
                         continue;
@@ -1034,7 +1072,11 @@ impl Executor {
                     ),
                     _ => self.settled_elsewhere(contract, key, Some(r)),
                 },
-                None => unrecorded(key, &receipt, &store::Error::Corrupt("record vanished".into())),
+                None => unrecorded(
+                    key,
+                    &receipt,
+                    &store::Error::Corrupt("record vanished".into()),
+                ),
             },
             Err(e) => unrecorded(key, &receipt, &e),
         }
@@ -1055,7 +1097,10 @@ impl Executor {
             },
             fence,
             RequestUpdate::Keep,
-            vec![self.event(EventKind::Released, fence).with_detail(reason.to_string())],
+            vec![
+                self.event(EventKind::Released, fence)
+                    .with_detail(reason.to_string()),
+            ],
         );
         if let Err(e) = self.store.transition(t).await {
             // The lease will expire instead; recovery reaches the same state.
@@ -1085,9 +1130,10 @@ impl Executor {
             },
             fence,
             RequestUpdate::Keep,
-            vec![self
-                .event(EventKind::InFlight, fence)
-                .with_detail(format!("left to recovery: {reason}"))],
+            vec![
+                self.event(EventKind::InFlight, fence)
+                    .with_detail(format!("left to recovery: {reason}")),
+            ],
         );
         let _ = self.store.transition(t).await;
     }
@@ -1110,15 +1156,17 @@ impl Executor {
             }
             JobStatus::Done(receipt) => (
                 RecordState::Applied(receipt.clone()),
-                vec![self
-                    .event(EventKind::Acknowledged, fence)
-                    .with_detail(format!("job {job_id} done: {}", receipt.reference))],
+                vec![
+                    self.event(EventKind::Acknowledged, fence)
+                        .with_detail(format!("job {job_id} done: {}", receipt.reference)),
+                ],
             ),
             JobStatus::Failed(refusal) => (
                 RecordState::FailedPermanent(refusal.clone()),
-                vec![self
-                    .event(EventKind::Failed, fence)
-                    .with_detail(format!("job {job_id} failed: {}", refusal.code.as_str()))],
+                vec![
+                    self.event(EventKind::Failed, fence)
+                        .with_detail(format!("job {job_id} failed: {}", refusal.code.as_str())),
+                ],
             ),
         };
         let t = self.transition(&record, next, fence, RequestUpdate::Clear, events);
@@ -1126,7 +1174,9 @@ impl Executor {
             Ok(Cas::Done(r)) | Ok(Cas::Lost(Some(r))) => {
                 machine::status_outcome(Some(contract), &r, self.now())
             }
-            Ok(Cas::Lost(None)) => Outcome::rejected(Some(key), ErrorCode::NotFound, "no such operation"),
+            Ok(Cas::Lost(None)) => {
+                Outcome::rejected(Some(key), ErrorCode::NotFound, "no such operation")
+            }
             Err(e) => store_down(Some(key), &e),
         }
     }
@@ -1216,7 +1266,10 @@ impl Executor {
             request: RequestUpdate::Keep,
             approved_by: Some(approver.to_string()),
             fingerprint: None,
-            events: vec![self.event(EventKind::Approved, fence).with_detail(format!("by {approver}"))],
+            events: vec![
+                self.event(EventKind::Approved, fence)
+                    .with_detail(format!("by {approver}")),
+            ],
             now,
         };
         let record = match self.store.transition(t).await? {
@@ -1240,7 +1293,8 @@ impl Executor {
             )
             .await
         {
-            self.release(&record, "authorization denied after approval").await;
+            self.release(&record, "authorization denied after approval")
+                .await;
             return Ok(denied);
         }
         Ok(self
@@ -1278,7 +1332,10 @@ impl Executor {
             RecordState::FailedPermanent(refusal.clone()),
             fence,
             RequestUpdate::Clear,
-            vec![self.event(EventKind::Denied, fence).with_detail(format!("by {approver}"))],
+            vec![
+                self.event(EventKind::Denied, fence)
+                    .with_detail(format!("by {approver}")),
+            ],
         );
         match self.store.transition(t).await? {
             Cas::Done(r) => Ok(machine::refused(&r, &refusal)),
@@ -1309,7 +1366,8 @@ impl Executor {
             });
         }
         let fence = record.fence;
-        let reconciled = |detail: String| self.event(EventKind::Reconciled, fence).with_detail(detail);
+        let reconciled =
+            |detail: String| self.event(EventKind::Reconciled, fence).with_detail(detail);
         let t = match resolution {
             None => {
                 if !contract.receipt_lookup() {

@@ -20,4 +20,4 @@ mod recoverer;
 pub use executor::{
     ActionError, Caller, Executor, Observer, Operation, Resolution, Settings, default_worker_id,
 };
-pub use recoverer::{RecoveryReport, Recoverer, Tools};
+pub use recoverer::{Recoverer, RecoveryReport, Tools};
