@@ -844,9 +844,10 @@ pub async fn recoverable_finds_expired_released_and_jobs<S: Store>(store: S) {
     let released = at(
         "acme:prod:wf-recover:released",
         RecordState::Pending {
+            // Released with time left on the clock: no owner is what makes it recoverable.
             lease: Lease {
                 owner: None,
-                expires_at: 0,
+                expires_at: 50_000,
             },
             dispatch: Dispatch::NotSent,
         },

@@ -1,0 +1,320 @@
+//! idemgate's embedded default store: one SQLite file, zero set-up.
+//!
+//! Reading order:
+//!
+//! - [`SqliteStore`] — implements [`idemgate_core::store::Store`]. [`SqliteStore::open`] takes a
+//!   path and [`Options`]; the handle is cheap to clone and shared by every task.
+//! - `schema` — versioned migrations of our own (`migrations/*.sql`, embedded), tracked by
+//!   `PRAGMA user_version`. A file written by a newer idemgate is refused.
+//! - `writer` — **group commit**: one thread of our own owns the only write connection, runs
+//!   every write queued meanwhile in one `BEGIN IMMEDIATE` transaction (each in its own
+//!   savepoint), commits once, and only then answers each caller. The fsync per commit is the
+//!   throughput limit; group commit shares it. [`Stats`] counts commits and commands.
+//! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), compare-and-set transitions, event
+//!   appends and the retention sweep, each run inside the writer's transaction.
+//! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
+//!   in WAL mode reads never wait behind the writer.
+//! - `error` — rusqlite errors classified as `store::Error` (`Unavailable`, `Ambiguous`,
+//!   `Corrupt`).
+//!
+//! Several processes may open one file: every write transaction takes SQLite's write lock with
+//! `BEGIN IMMEDIATE`, waits up to `busy_timeout` for it, and the unique key decides every claim
+//! race whichever process it comes from. A lock that stays taken becomes `Error::Unavailable`.
+//!
+//! Time in this store is the application's: every timestamp is given by the caller (read from
+//! its `Clock`), and SQLite's clock is never consulted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::store::{
+    BoxFuture, Cas, Claimed, Error, Filter, Store, SweepReport, Transition,
+};
+use rusqlite::{Connection, OpenFlags};
+
+mod error;
+mod read;
+mod readers;
+mod schema;
+mod write;
+mod writer;
+
+pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+pub use schema::SCHEMA_VERSION;
+pub use write::SWEEPER;
+pub use writer::Stats;
+
+use crate::error::Context;
+use crate::readers::Readers;
+use crate::writer::{Counters, Writer};
+
+/// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit is fsynced before the caller hears back: a committed claim survives a power
+    /// loss. The default, because a claim that vanishes after its effect ran is a second effect
+    /// waiting to happen.
+    #[default]
+    Full,
+    /// In WAL mode, commits survive a crash of the process but the last ones may be lost on a
+    /// power loss or an operating-system crash.
+    Normal,
+    /// No fsync at all; for tests and benchmarks only.
+    Off,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Off => "OFF",
+        }
+    }
+}
+
+/// How a [`SqliteStore`] opens its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub synchronous: Synchronous,
+    /// The most writes one transaction carries. Larger batches share an fsync among more
+    /// callers but hold the write lock longer against other processes.
+    pub max_batch: usize,
+    /// Read connections in the pool (at least one is opened).
+    pub readers: usize,
+    /// How long a statement waits for a lock another connection or process holds before it
+    /// fails with `Error::Unavailable`.
+    pub busy_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            synchronous: Synchronous::Full,
+            max_batch: 128,
+            readers: 4,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The SQLite store. Clones share one writer thread and one reader pool; the file is closed
+/// when the last clone is dropped.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // Fields drop in order: the readers close first, so that the writer's connection is the
+    // last one and checkpoints the write-ahead log into the main file as it closes.
+    readers: Readers,
+    writer: Writer,
+    counters: Arc<Counters>,
+    path: PathBuf,
+}
+
+/// Statements a connection keeps prepared. The transition statement has a few shapes (request
+/// kept, cleared or set; approver; fingerprint; takeover), and each shape is cached.
+const STATEMENT_CACHE: usize = 64;
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, switches it to WAL mode, brings its
+    /// schema up to date, and starts the writer thread.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<SqliteStore, Error> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let what = || format!("opening {shown}");
+
+        let conn = connect(&path, &options, true).context(what)?;
+        // WAL lets readers run beside the writer and makes a commit one sequential append.
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .context(what)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Unavailable(format!(
+                "opening {shown}: SQLite refused WAL mode (journal_mode is {mode})"
+            )));
+        }
+        conn.pragma_update(None, "synchronous", options.synchronous.pragma())
+            .context(what)?;
+        schema::migrate(&conn).map_err(|e| prefix(&shown, e))?;
+        // Gathers the planner's statistics where they are missing or stale (bounded work, as
+        // SQLite recommends at open for long-lived connections), so that listings choose
+        // between the primary key and the listing indexes by the data actually stored.
+        conn.execute_batch("PRAGMA optimize = 0x10002")
+            .context(what)?;
+
+        let mut conns = Vec::with_capacity(options.readers.max(1));
+        for _ in 0..options.readers.max(1) {
+            let reader = connect(&path, &options, false).context(what)?;
+            // A read connection that cannot write even by mistake: every write goes through the
+            // writer thread and its group commit.
+            reader
+                .pragma_update(None, "query_only", true)
+                .context(what)?;
+            conns.push(reader);
+        }
+
+        let counters = Arc::new(Counters::default());
+        let writer = Writer::spawn(conn, options.max_batch, Arc::clone(&counters))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                readers: Readers::new(conns),
+                writer,
+                counters,
+                path,
+            }),
+        })
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// What the writer has committed so far: with group commit, fewer commits than commands.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
+    fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
+        self.inner.readers.with(read)
+    }
+}
+
+fn connect(path: &Path, options: &Options, create: bool) -> rusqlite::Result<Connection> {
+    // NO_MUTEX: each connection is used by one thread at a time (the writer thread, or a
+    // reader under its mutex), so SQLite's own per-connection mutex would be pure overhead.
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(options.busy_timeout)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(conn)
+}
+
+fn prefix(file: &str, e: Error) -> Error {
+    match e {
+        Error::Unavailable(m) => Error::Unavailable(format!("opening {file}: {m}")),
+        Error::Ambiguous(m) => Error::Ambiguous(format!("opening {file}: {m}")),
+        Error::Corrupt(m) => Error::Corrupt(format!("opening {file}: {m}")),
+        other => other,
+    }
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for SqliteStore {
+    fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| read::get(conn, key)) })
+    }
+
+    fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
+        Box::pin(
+            self.inner
+                .writer
+                .submit(move |conn| write::claim(conn, record, events)),
+        )
+    }
+
+    fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
+        Box::pin(
+            self.inner
+                .writer
+                .submit(move |conn| write::transition(conn, transition)),
+        )
+    }
+
+    fn append_events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let key = key.clone();
+        Box::pin(
+            self.inner
+                .writer
+                .submit(move |conn| write::append(conn, &key, &events)),
+        )
+    }
+
+    fn events<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Vec<Event>, Error>> {
+        Box::pin(async move { self.read(|conn| read::events(conn, key)) })
+    }
+
+    fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| read::list(conn, &filter)) })
+    }
+
+    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| read::recoverable(conn, now, limit)) })
+    }
+
+    fn find_fingerprint<'a>(
+        &'a self,
+        tenant: &'a str,
+        tool: &'a str,
+        fingerprint: &'a Fingerprint,
+        since: Millis,
+    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
+        Box::pin(async move {
+            self.read(|conn| read::find_fingerprint(conn, tenant, tool, fingerprint, since))
+        })
+    }
+
+    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
+        Box::pin(
+            self.inner
+                .writer
+                .submit(move |conn| write::sweep(conn, now, limit)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+
+    use super::{read, schema, write};
+
+    /// The query plan SQLite picks for `sql` (with two parameters), one line per step.
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("the query prepares");
+        let steps = stmt
+            .query_map([0, 0], |r| r.get::<_, String>(3))
+            .expect("the plan runs")
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .expect("the plan reads");
+        steps.join("\n")
+    }
+
+    #[test]
+    fn maintenance_queries_read_only_their_partial_indexes() {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        schema::migrate(&conn).expect("the schema applies");
+        for (sql, index) in [
+            (read::RECOVERABLE, "INDEX operations_recoverable"),
+            (write::DUE, "INDEX operations_expiring (expires_at<?)"),
+            (write::PURGEABLE, "INDEX operations_purgeable (purge_at<?)"),
+        ] {
+            let plan = plan(&conn, sql);
+            assert!(plan.contains(index), "{sql}\n{plan}");
+        }
+    }
+}

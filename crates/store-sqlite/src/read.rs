@@ -1,0 +1,231 @@
+//! Queries that only read. The reader pool runs them, and the writer reuses `get` to answer
+//! with the record as stored inside its own transaction.
+
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
+use idemgate_core::store::{Error, Filter};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use crate::error::Context;
+
+/// The columns of `operations` in the order `row` reads them. A macro rather than a constant so
+/// that `concat!` can build whole statements at compile time.
+macro_rules! columns {
+    () => {
+        "tenant, key, tool, tool_version, fingerprint, canonicalization, status, fence, \
+         lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, error_code, \
+         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at"
+    };
+}
+pub(crate) use columns;
+
+/// A page of a listing when the caller does not say.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// The largest page a listing returns, whatever the caller asks: a page is built in memory.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
+/// Reads one `operations` row selected with `columns!()`.
+pub(crate) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        tenant: r.get(0)?,
+        key: r.get(1)?,
+        tool: r.get(2)?,
+        tool_version: r.get(3)?,
+        fingerprint: r.get(4)?,
+        canonicalization: r.get(5)?,
+        status: r.get(6)?,
+        fence: r.get(7)?,
+        lease_owner: r.get(8)?,
+        lease_expires_at: r.get(9)?,
+        dispatch: r.get(10)?,
+        job_id: r.get(11)?,
+        effect_reference: r.get(12)?,
+        result: r.get(13)?,
+        error_code: r.get(14)?,
+        error_message: r.get(15)?,
+        actor: r.get(16)?,
+        request: r.get(17)?,
+        approved_by: r.get(18)?,
+        created_at: r.get(19)?,
+        updated_at: r.get(20)?,
+        expires_at: r.get(21)?,
+        purge_at: r.get(22)?,
+    })
+}
+
+pub(crate) fn record(row: Row) -> Result<Record, Error> {
+    row.into_record().map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+/// Fences and attempts are `u64` in the core and `INTEGER` (i64) in SQLite. The same
+/// conversion as `Row::from_record`, so that a compare-and-set compares like with like.
+pub(crate) fn int(value: u64) -> i64 {
+    value as i64
+}
+
+pub(crate) fn limit(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn get(conn: &Connection, key: &OperationKey) -> Result<Option<Record>, Error> {
+    let what = || format!("reading {key}");
+    let found = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM operations WHERE tenant = ?1 AND key = ?2"
+        ))
+        .context(what)?
+        .query_row(params![key.tenant(), key.as_str()], row)
+        .optional()
+        .context(what)?;
+    found.map(record).transpose()
+}
+
+pub(crate) fn events(conn: &Connection, key: &OperationKey) -> Result<Vec<Event>, Error> {
+    let what = || format!("reading the events of {key}");
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT kind, at, attempt, worker, detail FROM events \
+             WHERE tenant = ?1 AND key = ?2 ORDER BY id",
+        )
+        .context(what)?;
+    let rows = stmt
+        .query_map(params![key.tenant(), key.as_str()], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })
+        .context(what)?;
+    let mut events = Vec::new();
+    for fields in rows {
+        let (kind, at, attempt, worker, detail) = fields.context(what)?;
+        let kind = EventKind::parse(&kind).ok_or_else(|| {
+            Error::Corrupt(format!("an event of {key} has the unknown kind `{kind}`"))
+        })?;
+        let attempt = u64::try_from(attempt).map_err(|_| {
+            Error::Corrupt(format!(
+                "an event of {key} has the negative attempt {attempt}"
+            ))
+        })?;
+        events.push(Event {
+            kind,
+            at,
+            attempt,
+            worker,
+            detail,
+        });
+    }
+    Ok(events)
+}
+
+pub(crate) fn list(conn: &Connection, filter: &Filter) -> Result<Vec<Record>, Error> {
+    let what = || format!("listing operations ({filter:?})");
+    let mut sql = String::from(concat!("SELECT ", columns!(), " FROM operations"));
+    let mut clauses = Vec::new();
+    let mut values = Vec::new();
+    if let Some(tenant) = &filter.tenant {
+        clauses.push("tenant = ?");
+        values.push(Value::Text(tenant.clone()));
+    }
+    if let Some(status) = filter.status {
+        clauses.push("status = ?");
+        values.push(Value::Text(status.as_str().into()));
+    }
+    if let Some(tool) = &filter.tool {
+        clauses.push("tool = ?");
+        values.push(Value::Text(tool.clone()));
+    }
+    if let Some(after) = &filter.after {
+        clauses.push("key > ?");
+        values.push(Value::Text(after.clone()));
+    }
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(" ORDER BY key LIMIT ?");
+    let page = match filter.limit {
+        0 => DEFAULT_LIST_LIMIT,
+        n => n.min(MAX_LIST_LIMIT),
+    };
+    values.push(Value::Integer(limit(page)));
+    collect(conn, &sql, values, what)
+}
+
+// A released claim (no owner) may be taken over whatever its expiry says, and an accepted
+// job is polled while its lease is live. The partial index `operations_recoverable` holds
+// only the pending rows, so the scan is bounded by the operations in flight, not by the
+// table. It is named with INDEXED BY because a planner without statistics may prefer the
+// listing index on `status`, which cannot tell a handful of pending rows from millions.
+pub(crate) const RECOVERABLE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM operations INDEXED BY operations_recoverable WHERE status = 'pending' \
+         AND (lease_expires_at <= ?1 OR lease_owner IS NULL OR dispatch = 'job') \
+         ORDER BY updated_at, key LIMIT ?2"
+);
+
+pub(crate) fn recoverable(
+    conn: &Connection,
+    now: Millis,
+    max: usize,
+) -> Result<Vec<Record>, Error> {
+    collect(
+        conn,
+        RECOVERABLE,
+        vec![Value::Integer(now), Value::Integer(limit(max))],
+        || format!("finding recoverable operations at {now}"),
+    )
+}
+
+pub(crate) fn find_fingerprint(
+    conn: &Connection,
+    tenant: &str,
+    tool: &str,
+    fingerprint: &Fingerprint,
+    since: Millis,
+) -> Result<Option<OperationKey>, Error> {
+    // Of several matches, the earliest created (then the smallest key), so that the answer is
+    // the same on every run and in every store.
+    let what = || format!("looking up fingerprint {fingerprint} of {tool} in {tenant}");
+    let key: Option<String> = conn
+        .prepare_cached(
+            "SELECT key FROM operations \
+             WHERE tenant = ?1 AND tool = ?2 AND fingerprint = ?3 AND created_at >= ?4 \
+             ORDER BY created_at, key LIMIT 1",
+        )
+        .context(what)?
+        .query_row(params![tenant, tool, fingerprint.as_str(), since], |r| {
+            r.get(0)
+        })
+        .optional()
+        .context(what)?;
+    key.map(|k| {
+        OperationKey::parse(&k).map_err(|e| Error::Corrupt(format!("stored key `{k}`: {e}")))
+    })
+    .transpose()
+}
+
+fn collect(
+    conn: &Connection,
+    sql: &str,
+    values: Vec<Value>,
+    what: impl Fn() -> String,
+) -> Result<Vec<Record>, Error> {
+    let mut stmt = conn.prepare_cached(sql).context(&what)?;
+    let rows = stmt
+        .query_map(params_from_iter(values), row)
+        .context(&what)?;
+    let mut records = Vec::new();
+    for r in rows {
+        records.push(record(r.context(&what)?)?);
+    }
+    Ok(records)
+}

@@ -1,0 +1,322 @@
+//! The writes, each run by the writer thread inside the batch's transaction and its own
+//! savepoint. They never choose a state: they persist the one they are given, conditionally.
+
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::ErrorCode;
+use idemgate_core::record::{
+    Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row,
+};
+use idemgate_core::store::{Cas, Claimed, Error, RequestUpdate, SweepReport, Transition};
+use rusqlite::types::Value;
+use rusqlite::{Connection, params, params_from_iter};
+
+use crate::error::Context;
+use crate::read::{self, columns, int, limit};
+
+/// The worker named in the trace of a compaction.
+pub const SWEEPER: &str = "sweeper";
+
+pub(crate) fn claim(
+    conn: &Connection,
+    record: Record,
+    events: Vec<Event>,
+) -> Result<Claimed, Error> {
+    let what = || format!("claiming {}", record.key);
+    let r = Row::from_record(&record);
+    // The unique constraint decides: no read-then-insert, so two claims can never both win,
+    // whichever process or connection they come from.
+    let inserted = conn
+        .prepare_cached(concat!(
+            "INSERT INTO operations (",
+            columns!(),
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+             ?17, ?18, ?19, ?20, ?21, ?22, ?23) ON CONFLICT (tenant, key) DO NOTHING"
+        ))
+        .context(what)?
+        .execute(params![
+            r.tenant,
+            r.key,
+            r.tool,
+            r.tool_version,
+            r.fingerprint,
+            r.canonicalization,
+            r.status,
+            r.fence,
+            r.lease_owner,
+            r.lease_expires_at,
+            r.dispatch,
+            r.job_id,
+            r.effect_reference,
+            r.result,
+            r.error_code,
+            r.error_message,
+            r.actor,
+            r.request,
+            r.approved_by,
+            r.created_at,
+            r.updated_at,
+            r.expires_at,
+            r.purge_at,
+        ])
+        .context(what)?;
+    if inserted == 1 {
+        append(conn, &record.key, &events)?;
+        return Ok(Claimed::Inserted(record));
+    }
+    // Read inside the same transaction: the row that beat us cannot change or vanish between
+    // the failed insert and this read.
+    match read::get(conn, &record.key)? {
+        Some(existing) => Ok(Claimed::Existing(existing)),
+        None => Err(Error::Unavailable(format!(
+            "claiming {}: the insert conflicted but no row was found",
+            record.key
+        ))),
+    }
+}
+
+pub(crate) fn transition(conn: &Connection, t: Transition) -> Result<Cas, Error> {
+    let what = || format!("transition of {} to {}", t.key, t.next.status().as_str());
+    // The state columns come from `Row::set_state`, the one place that maps states to columns;
+    // it also clears the columns the next state does not use.
+    let mut state = Row::default();
+    state.set_state(&t.next);
+    let mut sql = String::from(
+        "UPDATE operations SET status = ?, lease_owner = ?, lease_expires_at = ?, dispatch = ?, \
+         job_id = ?, effect_reference = ?, result = ?, error_code = ?, error_message = ?, \
+         fence = ?, updated_at = ?",
+    );
+    let mut values = vec![
+        Value::Text(state.status),
+        text(state.lease_owner),
+        integer(state.lease_expires_at),
+        text(state.dispatch),
+        text(state.job_id),
+        text(state.effect_reference),
+        text(state.result),
+        text(state.error_code),
+        text(state.error_message),
+        Value::Integer(int(t.fence)),
+        Value::Integer(t.now),
+    ];
+    match &t.request {
+        RequestUpdate::Keep => {}
+        RequestUpdate::Clear => sql.push_str(", request = NULL"),
+        RequestUpdate::Set(request) => {
+            sql.push_str(", request = ?");
+            values.push(Value::Text(request.to_string()));
+        }
+    }
+    if let Some(approver) = &t.approved_by {
+        sql.push_str(", approved_by = ?");
+        values.push(Value::Text(approver.clone()));
+    }
+    if let Some(fingerprint) = &t.fingerprint {
+        sql.push_str(", fingerprint = ?");
+        values.push(Value::Text(fingerprint.as_str().into()));
+    }
+    // The compare half of compare-and-set: the fencing token and status the executor saw, and
+    // for a takeover a lease that has run out, so that a renewal racing the takeover wins.
+    sql.push_str(" WHERE tenant = ? AND key = ? AND fence = ? AND status = ?");
+    values.extend([
+        Value::Text(t.key.tenant().into()),
+        Value::Text(t.key.as_str().into()),
+        Value::Integer(int(t.expect.fence)),
+        Value::Text(t.expect.status.as_str().into()),
+    ]);
+    if let Some(by) = t.expect.lease_expired_by {
+        sql.push_str(" AND lease_expires_at <= ?");
+        values.push(Value::Integer(by));
+    }
+    let changed = conn
+        .prepare_cached(&sql)
+        .context(what)?
+        .execute(params_from_iter(values))
+        .context(what)?;
+    if changed == 0 {
+        return Ok(Cas::Lost(read::get(conn, &t.key)?));
+    }
+    append(conn, &t.key, &t.events)?;
+    match read::get(conn, &t.key)? {
+        Some(record) => Ok(Cas::Done(record)),
+        None => Err(Error::Unavailable(format!(
+            "transition of {}: the updated row was not found",
+            t.key
+        ))),
+    }
+}
+
+pub(crate) fn append(conn: &Connection, key: &OperationKey, events: &[Event]) -> Result<(), Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let what = || format!("appending events to {key}");
+    let mut stmt = conn
+        .prepare_cached(
+            "INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .context(what)?;
+    for event in events {
+        stmt.execute(params![
+            key.tenant(),
+            key.as_str(),
+            event.kind.as_str(),
+            event.at,
+            int(event.attempt),
+            event.worker,
+            event.detail,
+        ])
+        .context(what)?;
+    }
+    Ok(())
+}
+
+// Both sweep queries name their partial index (INDEXED BY) and repeat its WHERE clause, so they
+// read only the rows that are due: a planner without statistics would otherwise pick the listing
+// index on `status` and read every applied row there is.
+pub(crate) const PURGEABLE: &str = "SELECT tenant, key FROM operations \
+    INDEXED BY operations_purgeable WHERE status = 'tombstone' \
+    AND purge_at <= ?1 ORDER BY purge_at, key LIMIT ?2";
+pub(crate) const DUE: &str = "SELECT tenant, key, status, fence, effect_reference, error_code \
+    FROM operations INDEXED BY operations_expiring \
+    WHERE status IN ('applied', 'failed_permanent', 'awaiting_approval') \
+    AND expires_at <= ?1 ORDER BY expires_at, key LIMIT ?2";
+
+/// A record due for compaction: what the tombstone keeps, and what the update compares.
+struct Due {
+    tenant: String,
+    key: String,
+    status: String,
+    fence: i64,
+    reference: Option<String>,
+    code: Option<String>,
+}
+
+/// One retention sweep, by the rule in the `Store` trait's documentation.
+pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepReport, Error> {
+    let mut report = SweepReport::default();
+    let what = || format!("sweeping at {now}");
+
+    // Purge first, so that a record compacted by this sweep keeps its tombstone at least until
+    // the next one: a late arrival gets one sweep interval to meet the tombstone. Tombstones
+    // past their purge time go, and their trace with them.
+    let gone: Vec<(String, String)> = {
+        let mut stmt = conn.prepare_cached(PURGEABLE).context(what)?;
+        let rows = stmt
+            .query_map(params![now, limit(max)], |r| Ok((r.get(0)?, r.get(1)?)))
+            .context(what)?;
+        rows.collect::<rusqlite::Result<_>>().context(what)?
+    };
+    for (tenant, key) in gone {
+        conn.prepare_cached("DELETE FROM events WHERE tenant = ?1 AND key = ?2")
+            .context(what)?
+            .execute(params![tenant, key])
+            .context(what)?;
+        report.purged += conn
+            .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")
+            .context(what)?
+            .execute(params![tenant, key])
+            .context(what)? as u64;
+    }
+
+    // Compaction.
+    let due: Vec<Due> = {
+        let mut stmt = conn.prepare_cached(DUE).context(what)?;
+        let rows = stmt
+            .query_map(params![now, limit(max)], |r| {
+                Ok(Due {
+                    tenant: r.get(0)?,
+                    key: r.get(1)?,
+                    status: r.get(2)?,
+                    fence: r.get(3)?,
+                    reference: r.get(4)?,
+                    code: r.get(5)?,
+                })
+            })
+            .context(what)?;
+        rows.collect::<rusqlite::Result<_>>().context(what)?
+    };
+    for Due {
+        tenant,
+        key,
+        status,
+        fence,
+        reference,
+        code,
+    } in due
+    {
+        let corrupt = |about: String| Error::Corrupt(format!("sweeping {key}: {about}"));
+        let status =
+            RecordStatus::parse(&status).ok_or_else(|| corrupt(format!("status `{status}`")))?;
+        let refusal = |code: &Option<String>| -> Result<ErrorCode, Error> {
+            code.as_deref()
+                .and_then(ErrorCode::parse)
+                .ok_or_else(|| corrupt(format!("refusal code {code:?}")))
+        };
+        // What a tombstone keeps: the effect's reference, or the refusal's code, so that a late
+        // arrival can still be answered by the contract's policy.
+        let digest = match status {
+            RecordStatus::Applied => Digest {
+                reference,
+                refusal: None,
+            },
+            RecordStatus::FailedPermanent => Digest {
+                reference: None,
+                refusal: Some(refusal(&code)?),
+            },
+            RecordStatus::AwaitingApproval => Digest {
+                reference: None,
+                refusal: None,
+            },
+            // The query selects none of these; they are named so that a new status must be
+            // considered here.
+            RecordStatus::Pending | RecordStatus::Unknown | RecordStatus::Tombstone => continue,
+        };
+        let mut compact = Row::default();
+        compact.set_state(&RecordState::Tombstone(digest));
+        let changed = conn
+            .prepare_cached(
+                "UPDATE operations SET status = ?1, lease_owner = ?2, lease_expires_at = ?3, \
+                 dispatch = ?4, job_id = ?5, effect_reference = ?6, result = ?7, \
+                 error_code = ?8, error_message = ?9, request = NULL, updated_at = ?10 \
+                 WHERE tenant = ?11 AND key = ?12 AND fence = ?13 AND status = ?14",
+            )
+            .context(what)?
+            .execute(params![
+                compact.status,
+                compact.lease_owner,
+                compact.lease_expires_at,
+                compact.dispatch,
+                compact.job_id,
+                compact.effect_reference,
+                compact.result,
+                compact.error_code,
+                compact.error_message,
+                now,
+                tenant,
+                key,
+                fence,
+                status.as_str(),
+            ])
+            .context(what)?;
+        if changed == 1 {
+            let key = OperationKey::parse(&key).map_err(|e| corrupt(e.to_string()))?;
+            let attempt = u64::try_from(fence).map_err(|_| corrupt(format!("fence {fence}")))?;
+            append(
+                conn,
+                &key,
+                &[Event::new(EventKind::Expired, now, attempt, SWEEPER)],
+            )?;
+            report.compacted += 1;
+        }
+    }
+    Ok(report)
+}
+
+fn text(value: Option<String>) -> Value {
+    value.map_or(Value::Null, Value::Text)
+}
+
+fn integer(value: Option<i64>) -> Value {
+    value.map_or(Value::Null, Value::Integer)
+}

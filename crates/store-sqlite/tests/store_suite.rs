@@ -1,0 +1,492 @@
+//! The shared store contract against SQLite, and what only SQLite has: files, migrations,
+//! group commit, and several writers on one file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use idemgate_conformance::store_suite::{self, applied, pending, record};
+use idemgate_core::record::{Event, EventKind};
+use idemgate_core::store::{Claimed, Error, Filter, Store};
+use idemgate_store_sqlite::{Options, SCHEMA_VERSION, SqliteStore, Synchronous};
+use tempfile::TempDir;
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(path, Options::default()).expect("the store opens")
+}
+
+/// A fresh store in its own temporary directory, which lives as long as the store.
+struct Fresh {
+    dir: TempDir,
+    store: SqliteStore,
+}
+
+fn fresh() -> Fresh {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = open(&dir.path().join("idemgate.db"));
+    Fresh { dir, store }
+}
+
+/// One test per case, so that a failure names its case.
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Fresh { dir, store } = fresh();
+                store_suite::$case(store).await;
+                drop(dir);
+            }
+        )*
+    };
+}
+
+cases!(
+    claim_inserts_then_returns_existing,
+    concurrent_claims_insert_once,
+    transition_applies_and_appends_events,
+    stale_fence_loses_and_changes_nothing,
+    takeover_waits_for_lease_expiry,
+    concurrent_takeovers_one_wins,
+    request_update_keep_clear_set,
+    approver_and_fingerprint_replacement,
+    append_events_keeps_order,
+    list_filters_and_pages,
+    list_default_page,
+    recoverable_finds_expired_released_and_jobs,
+    find_fingerprint_respects_since,
+    sweep_compacts_and_purges,
+    sweep_respects_limit,
+    every_state_round_trips,
+);
+
+/// The suite's own entry point, as other stores call it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_suite() {
+    // The directories outlive every store the suite makes; each case drops its store first.
+    let dirs: Mutex<Vec<TempDir>> = Mutex::new(Vec::new());
+    store_suite::run(|| {
+        let Fresh { dir, store } = fresh();
+        dirs.lock().expect("no case panicked").push(dir);
+        async move { store }
+    })
+    .await;
+    assert_eq!(dirs.lock().expect("no case panicked").len(), 16);
+}
+
+#[tokio::test]
+async fn reopening_keeps_records_and_events() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    let claimed = record("acme:prod:wf-reopen:s1", applied("ticket-1"));
+    let events = vec![Event::new(EventKind::Claimed, 1_000, 1, "w1")];
+    {
+        let store = open(&path);
+        let answer = store
+            .claim(claimed.clone(), events.clone())
+            .await
+            .expect("claim");
+        assert_eq!(answer, Claimed::Inserted(claimed.clone()));
+    }
+    let store = open(&path);
+    assert_eq!(
+        store.get(&claimed.key).await.expect("get"),
+        Some(claimed.clone())
+    );
+    assert_eq!(store.events(&claimed.key).await.expect("events"), events);
+    let again = store
+        .claim(claimed.clone(), Vec::new())
+        .await
+        .expect("claim");
+    assert_eq!(again, Claimed::Existing(claimed));
+}
+
+fn user_version(path: &Path) -> i64 {
+    let conn = rusqlite::Connection::open(path).expect("a plain connection");
+    conn.pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("user_version reads")
+}
+
+#[test]
+fn a_new_file_is_migrated_to_the_current_version() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    drop(open(&path));
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    // Opening again applies nothing and keeps the version.
+    drop(open(&path));
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    let conn = rusqlite::Connection::open(&path).expect("a plain connection");
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .expect("journal_mode reads");
+    assert_eq!(mode, "wal");
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    drop(open(&path));
+    {
+        let conn = rusqlite::Connection::open(&path).expect("a plain connection");
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .expect("user_version writes");
+    }
+    let refused = SqliteStore::open(&path, Options::default()).expect_err("a newer file");
+    match refused {
+        Error::Unavailable(message) => {
+            assert!(
+                message.contains(&format!("schema version is {}", SCHEMA_VERSION + 1))
+                    && message.contains("upgrade idemgate"),
+                "{message}"
+            );
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // Refusing changed nothing.
+    assert_eq!(user_version(&path), SCHEMA_VERSION + 1);
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    std::fs::write(&path, vec![b'x'; 8192]).expect("a junk file");
+    let refused = SqliteStore::open(&path, Options::default()).expect_err("junk");
+    assert!(matches!(refused, Error::Corrupt(_)), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_shares_commits() {
+    const CLAIMS: usize = 64;
+    let Fresh { dir, store } = fresh();
+    let before = store.stats();
+    let start = Arc::new(Barrier::new(CLAIMS));
+    let mut tasks = JoinSet::new();
+    for i in 0..CLAIMS {
+        let store = store.clone();
+        let start = Arc::clone(&start);
+        tasks.spawn(async move {
+            let r = record(
+                &format!("acme:prod:wf-group:s{i:02}"),
+                pending("w1", 31_000),
+            );
+            start.wait().await;
+            store.claim(r, Vec::new()).await.expect("claim")
+        });
+    }
+    let mut inserted = 0;
+    while let Some(answer) = tasks.join_next().await {
+        if let Claimed::Inserted(_) = answer.expect("a claimant panicked") {
+            inserted += 1;
+        }
+    }
+    assert_eq!(inserted, CLAIMS);
+    let stats = store.stats();
+    let commands = stats.commands - before.commands;
+    let commits = stats.commits - before.commits;
+    assert_eq!(commands, CLAIMS as u64);
+    println!("group commit: {commits} commits for {commands} commands");
+    assert!(
+        commits < commands,
+        "{commits} commits for {commands} commands"
+    );
+    // Every answer came after its commit, so a fresh reader sees every claim.
+    let listed = store
+        .list(Filter {
+            limit: 1000,
+            ..Filter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), CLAIMS);
+    drop(store);
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_batch_bounds_a_transaction() {
+    const CLAIMS: usize = 40;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let options = Options {
+        max_batch: 1,
+        ..Options::default()
+    };
+    let store = SqliteStore::open(dir.path().join("idemgate.db"), options).expect("open");
+    let mut tasks = JoinSet::new();
+    for i in 0..CLAIMS {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let r = record(
+                &format!("acme:prod:wf-batch:s{i:02}"),
+                pending("w1", 31_000),
+            );
+            store.claim(r, Vec::new()).await.expect("claim")
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("a claimant panicked");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.commands, CLAIMS as u64);
+    assert_eq!(stats.commits, CLAIMS as u64, "one command per transaction");
+}
+
+/// A failing command is undone alone: the others in its batch still commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_malformed_row_fails_alone() {
+    let Fresh { dir, store } = fresh();
+    let good = record("acme:prod:wf-bad:good", applied("ticket-1"));
+    let bad = record("acme:prod:wf-bad:bad", applied("ticket-2"));
+    for r in [&good, &bad] {
+        store.claim(r.clone(), Vec::new()).await.expect("claim");
+    }
+    {
+        let conn = rusqlite::Connection::open(store.path()).expect("a plain connection");
+        conn.execute(
+            "UPDATE operations SET status = 'exploded' WHERE key = ?1",
+            [bad.key.as_str()],
+        )
+        .expect("the row is spoiled");
+    }
+    let read = store.get(&bad.key).await;
+    assert!(matches!(read, Err(Error::Corrupt(_))), "{read:?}");
+    // A claim of the spoiled key reads the row back and fails; the claims beside it commit.
+    let mut tasks = JoinSet::new();
+    for i in 0..16 {
+        let store = store.clone();
+        let r = if i == 8 {
+            bad.clone()
+        } else {
+            record(&format!("acme:prod:wf-bad:s{i:02}"), pending("w1", 31_000))
+        };
+        tasks.spawn(async move { (i, store.claim(r, Vec::new()).await) });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (i, answer) = joined.expect("a claimant panicked");
+        if i == 8 {
+            assert!(matches!(answer, Err(Error::Corrupt(_))), "{answer:?}");
+        } else {
+            assert!(matches!(answer, Ok(Claimed::Inserted(_))), "{answer:?}");
+        }
+    }
+    let listed = store
+        .list(Filter {
+            tenant: Some("acme".into()),
+            after: Some("acme:prod:wf-bad:s".into()),
+            limit: 100,
+            ..Filter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 15);
+    assert_eq!(store.get(&good.key).await.expect("get"), Some(good));
+    drop(store);
+    drop(dir);
+}
+
+/// Two stores opened separately on one file, as two processes would: each key is inserted
+/// exactly once, whichever writer gets there first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_on_one_file_insert_each_key_once() {
+    const KEYS: usize = 40;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    let stores = [open(&path), open(&path)];
+    let start = Arc::new(Barrier::new(KEYS * 2));
+    let mut tasks = JoinSet::new();
+    for i in 0..KEYS {
+        for (s, store) in stores.iter().enumerate() {
+            let store = store.clone();
+            let start = Arc::clone(&start);
+            tasks.spawn(async move {
+                let worker = format!("store{s}");
+                let r = record(
+                    &format!("acme:prod:wf-two:s{i:02}"),
+                    pending(&worker, 31_000),
+                );
+                let events = vec![Event::new(EventKind::Claimed, 1_000, 1, &worker)];
+                start.wait().await;
+                (i, store.claim(r, events).await.expect("claim"))
+            });
+        }
+    }
+    let mut inserted = vec![0; KEYS];
+    while let Some(joined) = tasks.join_next().await {
+        let (i, answer) = joined.expect("a claimant panicked");
+        if let Claimed::Inserted(_) = answer {
+            inserted[i] += 1;
+        }
+    }
+    assert_eq!(inserted, vec![1; KEYS], "inserts per key");
+    for i in 0..KEYS {
+        let key = idemgate_conformance::store_suite::key(&format!("acme:prod:wf-two:s{i:02}"));
+        let stored = stores[0].get(&key).await.expect("get").expect("stored");
+        let events = stores[1].events(&key).await.expect("events");
+        assert_eq!(events.len(), 1, "{key}: {events:?}");
+        let owner = stored.lease().and_then(|l| l.owner.clone());
+        assert_eq!(
+            Some(events[0].worker.clone()),
+            owner,
+            "the winner's own trace"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real processes: this test binary runs itself as children that claim the same keys.
+
+const CHILD_DB: &str = "IDEMGATE_SQLITE_CHILD_DB";
+const CHILD_NAME: &str = "IDEMGATE_SQLITE_CHILD_NAME";
+const PROCESS_KEYS: usize = 30;
+const REPORT: &str = "child inserted: ";
+
+/// Run as a child by `processes_on_one_file_insert_each_key_once`; does nothing otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_claimer() {
+    let (Some(path), Some(name)) = (std::env::var_os(CHILD_DB), std::env::var(CHILD_NAME).ok())
+    else {
+        return;
+    };
+    let store = open(&PathBuf::from(path));
+    let mut tasks = JoinSet::new();
+    for i in 0..PROCESS_KEYS {
+        let store = store.clone();
+        let name = name.clone();
+        tasks.spawn(async move {
+            let r = record(
+                &format!("acme:prod:wf-proc:s{i:02}"),
+                pending(&name, 31_000),
+            );
+            let events = vec![Event::new(EventKind::Claimed, 1_000, 1, &name)];
+            store.claim(r, events).await.expect("claim")
+        });
+    }
+    let mut inserted = 0;
+    while let Some(joined) = tasks.join_next().await {
+        if let Claimed::Inserted(_) = joined.expect("a claimant panicked") {
+            inserted += 1;
+        }
+    }
+    // On a line of its own: the test harness prints its "test child_claimer ..." line first.
+    println!("\n{REPORT}{inserted}");
+}
+
+#[test]
+fn processes_on_one_file_insert_each_key_once() {
+    const CHILDREN: usize = 3;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    // Created and migrated up front, so the children race only on claims.
+    drop(open(&path));
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|c| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "child_claimer",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(CHILD_DB, &path)
+                .env(CHILD_NAME, format!("proc{c}"))
+                .output_spawn()
+        })
+        .collect();
+    let mut total = 0;
+    for child in children {
+        let output = child.wait_with_output().expect("the child runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let count: usize = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(REPORT))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no report in {stdout}"));
+        total += count;
+    }
+    assert_eq!(total, PROCESS_KEYS, "inserts across all processes");
+    let conn = rusqlite::Connection::open(&path).expect("a plain connection");
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
+        .expect("count");
+    let events: i64 = conn
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!((rows, events), (PROCESS_KEYS as i64, PROCESS_KEYS as i64));
+}
+
+trait SpawnPiped {
+    fn output_spawn(&mut self) -> std::process::Child;
+}
+
+impl SpawnPiped for Command {
+    fn output_spawn(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the child starts")
+    }
+}
+
+#[tokio::test]
+async fn synchronous_modes_open() {
+    for synchronous in [Synchronous::Full, Synchronous::Normal, Synchronous::Off] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let options = Options {
+            synchronous,
+            readers: 0,
+            ..Options::default()
+        };
+        let store = SqliteStore::open(dir.path().join("idemgate.db"), options).expect("open");
+        let r = record("acme:prod:wf-sync:s1", applied("t"));
+        store.claim(r.clone(), Vec::new()).await.expect("claim");
+        assert_eq!(store.get(&r.key).await.expect("get"), Some(r));
+    }
+}
+
+/// Another process holding the write lock past `busy_timeout` makes a write `Unavailable`:
+/// nothing was written, and the same write succeeds once the lock is free. Reads go on.
+#[tokio::test]
+async fn a_write_lock_held_elsewhere_is_unavailable() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    let options = Options {
+        busy_timeout: std::time::Duration::from_millis(100),
+        ..Options::default()
+    };
+    let store = SqliteStore::open(&path, options).expect("open");
+    let before = record("acme:prod:wf-busy:s0", applied("t"));
+    store
+        .claim(before.clone(), Vec::new())
+        .await
+        .expect("claim");
+
+    let other = rusqlite::Connection::open(&path).expect("a plain connection");
+    other
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("the lock is taken");
+    let r = record("acme:prod:wf-busy:s1", applied("t"));
+    let refused = store.claim(r.clone(), Vec::new()).await;
+    assert!(matches!(refused, Err(Error::Unavailable(_))), "{refused:?}");
+    assert_eq!(
+        store.get(&before.key).await.expect("reads go on"),
+        Some(before)
+    );
+    assert_eq!(store.get(&r.key).await.expect("get"), None);
+
+    other
+        .execute_batch("ROLLBACK")
+        .expect("the lock is released");
+    let answer = store.claim(r.clone(), Vec::new()).await.expect("claim");
+    assert_eq!(answer, Claimed::Inserted(r));
+}
