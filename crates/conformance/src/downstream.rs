@@ -489,6 +489,7 @@ impl FakeDownstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gate::bounded;
 
     fn key(step: &str) -> OperationKey {
         OperationKey::new("acme", "test", "wf", step).unwrap()
@@ -735,7 +736,10 @@ mod tests {
         fake.before_commit().reached().await;
         assert_eq!((fake.calls(), fake.effects()), (1, 0));
         fake.before_commit().release();
-        assert_eq!(worker.await.unwrap(), committed("ticket_1", &k));
+        assert_eq!(
+            bounded("worker", worker).await.unwrap(),
+            committed("ticket_1", &k)
+        );
         assert_eq!(fake.effects(), 1);
     }
 
@@ -754,7 +758,10 @@ mod tests {
         assert!(matches!(fake.lookup_receipt(&k).await, Lookup::Found(_)));
         assert!(!worker.is_finished());
         fake.after_commit().release();
-        assert_eq!(worker.await.unwrap(), committed("ticket_1", &k));
+        assert_eq!(
+            bounded("worker", worker).await.unwrap(),
+            committed("ticket_1", &k)
+        );
     }
 
     #[tokio::test]

@@ -360,6 +360,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::gate::bounded;
     use crate::mem::MemStore;
 
     fn key(step: &str) -> OperationKey {
@@ -584,7 +585,10 @@ mod tests {
         ));
         assert!(!worker.is_finished());
         store.after_claim().release();
-        assert!(matches!(worker.await.unwrap(), Ok(Claimed::Inserted(_))));
+        assert!(matches!(
+            bounded("worker", worker).await.unwrap(),
+            Ok(Claimed::Inserted(_))
+        ));
         assert_eq!(store.after_claim().passes(), 1);
     }
 
@@ -605,7 +609,10 @@ mod tests {
         // The database goes down while the worker is paused: its write must fail.
         store.fail_all_writes(true);
         store.before_transition().release();
-        assert!(matches!(worker.await.unwrap(), Err(Error::Unavailable(_))));
+        assert!(matches!(
+            bounded("worker", worker).await.unwrap(),
+            Err(Error::Unavailable(_))
+        ));
         assert_eq!(
             status_in_inner(&store, "s1").await,
             Some(RecordStatus::Pending)

@@ -7,7 +7,7 @@
 //! and then lets the blocked task go with [`Gate::release`] or [`Gate::release_one`]:
 //!
 //! ```
-//! # use idemgate_conformance::gate::Gate;
+//! # use idemgate_conformance::gate::{Gate, bounded};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let gate = Gate::new("after_commit");
@@ -19,7 +19,7 @@
 //! gate.reached().await; // worker A is paused at the point
 //! // ... worker B arrives and observes here ...
 //! gate.release();
-//! worker.await.unwrap();
+//! bounded("worker A", worker).await.unwrap();
 //! assert_eq!(gate.passes(), 1);
 //! # }
 //! ```
@@ -38,6 +38,16 @@ use tokio::sync::{oneshot, watch};
 
 /// How long [`Gate::reached`] waits for a task to block at the gate before it panics.
 pub const REACH_LIMIT: Duration = Duration::from_secs(10);
+
+/// Awaits `future` for at most [`REACH_LIMIT`], panicking with `what` if it does not finish: for
+/// a test joining a worker it released, so a worker that never comes back fails the test
+/// instead of hanging it.
+pub async fn bounded<F: IntoFuture>(what: &str, future: F) -> F::Output {
+    match tokio::time::timeout(REACH_LIMIT, future).await {
+        Ok(output) => output,
+        Err(_) => panic!("{what}: did not finish within {REACH_LIMIT:?}"),
+    }
+}
 
 /// A named pause point. Cheap to clone; every clone is the same gate.
 #[derive(Clone)]
@@ -171,7 +181,7 @@ impl Gate {
     /// several workers in a chosen order. Panics if no task is blocked.
     pub fn release_one(&self) {
         let mut state = self.lock();
-        let Some((_, tx)) = state.waiting.pop_back() else {
+        let Some((_, tx)) = state.waiting.pop_front() else {
             panic!("gate `{}`: release_one with no task blocked", self.name());
         };
         self.publish(&state);
@@ -319,7 +329,7 @@ mod tests {
         assert!(log.lock().unwrap().is_empty());
         assert_eq!(gate.passes(), 0);
         gate.release();
-        a.await.unwrap();
+        bounded("worker a", a).await.unwrap();
         assert_eq!(*log.lock().unwrap(), ["a"]);
         assert_eq!(gate.passes(), 1);
         // Released means disarmed: the next pass goes straight through.
@@ -337,11 +347,11 @@ mod tests {
         let b = worker(&gate, &log, "b");
         gate.reached_n(2).await;
         gate.release_one();
-        a.await.unwrap();
+        bounded("worker a", a).await.unwrap();
         assert_eq!(*log.lock().unwrap(), ["a"]);
         assert_eq!(gate.blocked(), 1);
         gate.release_one();
-        b.await.unwrap();
+        bounded("worker b", b).await.unwrap();
         assert_eq!(*log.lock().unwrap(), ["a", "b"]);
     }
 
@@ -359,7 +369,7 @@ mod tests {
         assert_eq!(gate.blocked(), 1);
         assert!(log.lock().unwrap().is_empty());
         gate.release();
-        second.await.unwrap();
+        bounded("second", second).await.unwrap();
         assert_eq!((gate.arrivals(), gate.passes()), (4, 4));
     }
 
@@ -373,9 +383,21 @@ mod tests {
         });
         gate.reached().await;
         held.abort();
-        assert!(held.await.unwrap_err().is_cancelled());
+        assert!(bounded("aborted", held).await.unwrap_err().is_cancelled());
         assert_eq!(gate.blocked(), 0);
         assert_eq!(gate.passes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "stuck worker: did not finish within 10s")]
+    async fn bounded_join_times_out_loudly() {
+        let gate = Gate::new("g");
+        gate.arm();
+        let stuck = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.pass().await }
+        });
+        let _ = bounded("stuck worker", stuck).await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -776,9 +776,11 @@ pub async fn store_down_before_claim_leaves_nothing(store: Arc<dyn Store>) {
     assert_effects(&h, 1, "after the outage");
 }
 
-/// The write that records the receipt: claim, then `sent` (events or the dispatch marker),
-/// then completion.
-const COMPLETION_WRITE: u64 = 3;
+/// The write that records the receipt where the downstream deduplicates: the claim, then the
+/// completion (which carries the `sent` trace entry).
+const COMPLETION_WRITE: u64 = 2;
+/// The same where the dispatch marker is written between the claim and the completion.
+const COMPLETION_WRITE_WITH_MARKER: u64 = 3;
 
 pub async fn store_error_after_completion_commit_replays(store: Arc<dyn Store>) {
     let spec = Spec::key_based();
@@ -802,7 +804,7 @@ pub async fn store_error_before_completion_recovers_receipt(store: Arc<dyn Store
     let spec = Spec::key_based().dedup(false);
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
-    h.store.fail_write(COMPLETION_WRITE, StoreFault::Before);
+    h.store.fail_write(COMPLETION_WRITE_WITH_MARKER, StoreFault::Before);
     let o = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(o.status, Status::Unknown, "{o:?}");
     assert_eq!(status_of(&h, "s1").await, RecordStatus::Pending);
@@ -1027,8 +1029,8 @@ pub async fn invalid_input_leaves_no_record(store: Arc<dyn Store>) {
     );
     assert_eq!(
         h.store.writes() - writes,
-        3,
-        "only the valid call wrote (claim, sent, completion)"
+        2,
+        "only the valid call wrote (claim, completion)"
     );
     assert_effects(&h, 1, "invalid input");
 }

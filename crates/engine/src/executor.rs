@@ -868,12 +868,11 @@ impl Executor {
                     return store_down(Some(key), &e);
                 }
             }
-        } else {
-            let _ = self
-                .store
-                .append_events(&key, vec![self.event(EventKind::Sent, fence)])
-                .await;
         }
+        // Without a marker, the `sent` trace entry rides on the transition that records the
+        // answer: one durable write fewer per operation, and the trace reads the same.
+        let mut sent = (!(mark_dispatch && not_sent && contract.uses_dispatch_marker()))
+            .then(|| self.event(EventKind::Sent, fence));
 
         let mut resends = 0;
         loop {
@@ -882,7 +881,7 @@ impl Executor {
                 .await;
             match machine::after_effect(contract, answer) {
                 AfterEffect::Apply(receipt) => {
-                    return self.complete(contract, &record, receipt).await;
+                    return self.complete(contract, &record, receipt, sent.take()).await;
                 }
                 AfterEffect::Job(job_id) => {
                     let lease = self.lease(contract, self.now());
@@ -955,7 +954,7 @@ impl Executor {
                     if contract.receipt_lookup() {
                         match effect.lookup_receipt(&key).await {
                             Lookup::Found(receipt) => {
-                                return self.complete(contract, &record, receipt).await;
+                                return self.complete(contract, &record, receipt, sent.take()).await;
                             }
                             Lookup::NotFound | Lookup::Unavailable(_) => {}
                         }
@@ -1037,30 +1036,30 @@ impl Executor {
     }
 
     /// Stores the receipt and replay-safe result, then answers applied.
-    async fn complete(&self, contract: &Contract, record: &Record, receipt: Receipt) -> Outcome {
+    async fn complete(
+        &self,
+        contract: &Contract,
+        record: &Record,
+        receipt: Receipt,
+        sent: Option<Event>,
+    ) -> Outcome {
         let key = record.key.clone();
         let fence = record.fence;
+        // Conditional on the fence, not on the lease: a renewal does not change the fence, and
+        // a takeover does, so a late finisher cannot overwrite the newer attempt.
         let t = self.transition(
             record,
             RecordState::Applied(receipt.clone()),
             fence,
             RequestUpdate::Clear,
-            vec![
-                self.event(EventKind::Committed, fence)
-                    .with_detail(receipt.reference.clone()),
-                self.event(EventKind::Acknowledged, fence),
-            ],
+            sent.into_iter()
+                .chain([
+                    self.event(EventKind::Committed, fence)
+                        .with_detail(receipt.reference.clone()),
+                    self.event(EventKind::Acknowledged, fence),
+                ])
+                .collect(),
         );
-        // The expected status is the record's current one; a renewal does not change it, and
-        // the fence protects against a takeover.
-        let t = Transition {
-            expect: Expect {
-                fence,
-                status: record.status(),
-                lease_expired_by: None,
-            },
-            ..t
-        };
         match self.store.transition(t).await {
             Ok(Cas::Done(_)) => Outcome::applied(key, receipt.reference, receipt.result),
             Ok(Cas::Lost(now)) => match now {
@@ -1411,22 +1410,19 @@ impl Executor {
             Some(Resolution::NotApplied) => {
                 // The key may run again: pending, released, nothing sent, a new attempt number.
                 let now = self.now();
-                Transition {
-                    fence: fence + 1,
-                    ..self.transition(
-                        &record,
-                        RecordState::Pending {
-                            lease: Lease {
-                                owner: None,
-                                expires_at: now,
-                            },
-                            dispatch: Dispatch::NotSent,
+                self.transition(
+                    &record,
+                    RecordState::Pending {
+                        lease: Lease {
+                            owner: None,
+                            expires_at: now,
                         },
-                        fence + 1,
-                        RequestUpdate::Keep,
-                        vec![reconciled(format!("not applied, by {actor}"))],
-                    )
-                }
+                        dispatch: Dispatch::NotSent,
+                    },
+                    fence + 1,
+                    RequestUpdate::Keep,
+                    vec![reconciled(format!("not applied, by {actor}"))],
+                )
             }
         };
         match self.store.transition(t).await? {

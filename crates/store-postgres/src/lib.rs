@@ -1,0 +1,530 @@
+//! idemgate's PostgreSQL store: any number of stateless gateway processes share one database,
+//! and the database's unique key resolves every race between them.
+//!
+//! Reading order:
+//!
+//! - [`PgStore`] and [`Options`] — a pool of connections ([`PgStore::connect`]) that implements
+//!   [`idemgate_core::store::Store`]; connecting applies the schema migrations.
+//! - `sql` — the text of every statement and why each is safe at READ COMMITTED: a claim is one
+//!   `INSERT … ON CONFLICT DO NOTHING` that also reads the existing row, a transition is one
+//!   fenced conditional `UPDATE`, and the events of either are appended by the same statement.
+//! - `conn` — pool checkout, client-side deadlines, and the rules that classify a failure as
+//!   `Unavailable` (nothing changed) or `Ambiguous` (a write may have committed).
+//! - [`migrate`] — embedded, versioned migrations applied under an advisory lock.
+//! - `testing` (feature `testing`) — a throwaway database per test run, shared with other
+//!   crates' tests.
+//!
+//! **Time comes from the caller.** Lease expiries, sweeps and recovery compare the `now` the
+//! executor passes (read from its injected clock) with stored times; the database clock is never
+//! consulted, so a simulation can drive every decision. The price: every gateway host sharing a
+//! database must keep its clock synchronised (NTP) to well within one lease length, or a host
+//! whose clock runs ahead will take over leases that are still live elsewhere.
+
+mod conn;
+pub mod migrate;
+mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
+use idemgate_core::store::{
+    self, BoxFuture, Cas, Claimed, Filter, RequestUpdate, Store, SweepReport, Transition,
+};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+
+use crate::conn::{Conn, Kind};
+
+/// How a [`PgStore`] connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Connections kept per process. Each gateway process has its own pool, so the database
+    /// sees `pool_size` × processes connections at most.
+    pub pool_size: usize,
+    /// Set on every connection as PostgreSQL's `statement_timeout`, so the server itself
+    /// cancels a statement that runs too long (a cancelled write changed nothing). The client
+    /// waits two seconds longer for an answer before it gives the connection up. Zero disables
+    /// both.
+    pub statement_timeout: Duration,
+    /// Bounds opening a connection and waiting for a free one in the pool.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            pool_size: 16,
+            statement_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How much longer than `statement_timeout` the client waits before it declares the connection
+/// lost: enough for the server's own cancellation to arrive as an ordinary error, which is
+/// unambiguous, instead of the client timing out, which is not.
+const DEADLINE_GRACE: Duration = Duration::from_secs(2);
+
+/// Written as the worker of the `expired` events the sweep appends.
+const SWEEPER: &str = "sweeper";
+
+/// Listing page size when the filter asks for none, and the most a page may hold.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// The PostgreSQL store. Cheap to clone: clones share one pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    deadline: Option<Duration>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The pool's configuration holds the password; it is deliberately not printed.
+        f.debug_struct("PgStore")
+            .field("status", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Builds the pool for `url` (a `postgres://` URL or a `key=value` string) and applies the
+    /// migrations the database lacks. Fails with `Unavailable` when the database cannot be
+    /// reached or its schema is newer than this build.
+    pub async fn connect(url: &str, options: Options) -> Result<PgStore, store::Error> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| store::Error::Unavailable(format!("invalid database URL: {e}")))?;
+        config.connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("idemgate");
+        }
+        // Keepalives notice a peer that vanished without closing the socket; the client-side
+        // deadline covers a statement in flight, these cover idle pooled connections.
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(30));
+        // Both settings travel in the startup packet, so they cost no round trip. The isolation
+        // level is pinned because every statement's correctness argument (see `sql`) is made
+        // for READ COMMITTED, whatever default the server was configured with.
+        let mut startup = config.get_options().map(str::to_string).unwrap_or_default();
+        if !startup.is_empty() {
+            startup.push(' ');
+        }
+        startup.push_str(&format!(
+            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed",
+            options.statement_timeout.as_millis()
+        ));
+        config.options(startup);
+
+        // Fast recycling checks only that the connection is still open, with no round trip.
+        // After a database restart the old connections are closed by the server's goodbye, fail
+        // that check, and are replaced by new ones on the next checkout: the pool heals itself.
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| {
+                store::Error::Unavailable(format!("cannot build the connection pool: {e}"))
+            })?;
+        let deadline = (!options.statement_timeout.is_zero())
+            .then(|| options.statement_timeout + DEADLINE_GRACE);
+        let store = PgStore { pool, deadline };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Applies the migrations the database lacks and returns the schema version. Safe to call
+    /// from many processes at once: they serialise on an advisory lock and migrate once.
+    pub async fn migrate(&self) -> Result<i32, store::Error> {
+        let mut conn = self.conn().await?;
+        migrate::migrate(&mut conn).await
+    }
+
+    async fn conn(&self) -> Result<Conn, store::Error> {
+        conn::checkout(&self.pool, self.deadline).await
+    }
+
+    async fn get_record(&self, key: &OperationKey) -> Result<Option<Record>, store::Error> {
+        let mut conn = self.conn().await?;
+        get_with(&mut conn, key).await
+    }
+
+    async fn claim_record(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+    ) -> Result<Claimed, store::Error> {
+        let row = Row::from_record(&record);
+        let ev = EventColumns::of(&events);
+        let mut conn = self.conn().await?;
+        // Two rounds are enough for the READ COMMITTED gap (see `sql`); a third guards against
+        // a purge racing the re-read, after which the key is free and the claim inserts.
+        for _ in 0..3 {
+            let rows = conn
+                .run(
+                    Kind::Write,
+                    sql::CLAIM,
+                    &[
+                        &row.tenant,
+                        &row.key,
+                        &row.tool,
+                        &row.tool_version,
+                        &row.fingerprint,
+                        &row.canonicalization,
+                        &row.status,
+                        &row.fence,
+                        &row.lease_owner,
+                        &row.lease_expires_at,
+                        &row.dispatch,
+                        &row.job_id,
+                        &row.effect_reference,
+                        &row.result,
+                        &row.error_code,
+                        &row.error_message,
+                        &row.actor,
+                        &row.request,
+                        &row.approved_by,
+                        &row.created_at,
+                        &row.updated_at,
+                        &row.expires_at,
+                        &row.purge_at,
+                        &ev.kind,
+                        &ev.at,
+                        &ev.attempt,
+                        &ev.worker,
+                        &ev.detail,
+                    ],
+                )
+                .await?;
+            // Prefer the inserted row: both can appear only if the old row was purged after
+            // this statement's snapshot was taken, and then the insert is what happened.
+            let inserted = rows
+                .iter()
+                .find(|r| r.try_get::<_, bool>(0).unwrap_or(false));
+            if let Some(r) = inserted {
+                return Ok(Claimed::Inserted(record_of(r, 1)?));
+            }
+            if let Some(r) = rows.first() {
+                return Ok(Claimed::Existing(record_of(r, 1)?));
+            }
+            // Neither inserted nor found: a concurrent claim committed the row after this
+            // statement's snapshot. A new statement has a new snapshot and sees it.
+            if let Some(existing) = get_with(&mut conn, &record.key).await? {
+                return Ok(Claimed::Existing(existing));
+            }
+        }
+        Err(store::Error::Unavailable(format!(
+            "claim of {} kept racing with concurrent deletes",
+            record.key
+        )))
+    }
+
+    async fn apply(&self, t: Transition) -> Result<Cas, store::Error> {
+        let mut next = Row::default();
+        next.set_state(&t.next);
+        let (replace_request, request) = match &t.request {
+            RequestUpdate::Keep => (false, None),
+            RequestUpdate::Clear => (true, None),
+            RequestUpdate::Set(value) => (true, Some(value.to_string())),
+        };
+        let fingerprint = t.fingerprint.as_ref().map(|f| f.as_str().to_string());
+        let ev = EventColumns::of(&t.events);
+        let expect_fence = t.expect.fence as i64;
+        let fence = t.fence as i64;
+        let mut conn = self.conn().await?;
+        let rows = conn
+            .run(
+                Kind::Write,
+                sql::TRANSITION,
+                &[
+                    &t.key.tenant(),
+                    &t.key.as_str(),
+                    &expect_fence,
+                    &t.expect.status.as_str(),
+                    &t.expect.lease_expired_by,
+                    &next.status,
+                    &fence,
+                    &next.lease_owner,
+                    &next.lease_expires_at,
+                    &next.dispatch,
+                    &next.job_id,
+                    &next.effect_reference,
+                    &next.result,
+                    &next.error_code,
+                    &next.error_message,
+                    &replace_request,
+                    &request,
+                    &t.approved_by,
+                    &fingerprint,
+                    &t.now,
+                    &ev.kind,
+                    &ev.at,
+                    &ev.attempt,
+                    &ev.worker,
+                    &ev.detail,
+                ],
+            )
+            .await?;
+        match rows.first() {
+            Some(r) => Ok(Cas::Done(record_of(r, 0)?)),
+            // The expectation no longer held. The caller decides from the current record.
+            None => Ok(Cas::Lost(get_with(&mut conn, &t.key).await?)),
+        }
+    }
+
+    async fn append(&self, key: &OperationKey, events: Vec<Event>) -> Result<(), store::Error> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ev = EventColumns::of(&events);
+        let mut conn = self.conn().await?;
+        conn.run(
+            Kind::Write,
+            sql::APPEND_EVENTS,
+            &[
+                &key.tenant(),
+                &key.as_str(),
+                &ev.kind,
+                &ev.at,
+                &ev.attempt,
+                &ev.worker,
+                &ev.detail,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn trace(&self, key: &OperationKey) -> Result<Vec<Event>, store::Error> {
+        let mut conn = self.conn().await?;
+        let rows = conn
+            .run(Kind::Read, sql::EVENTS, &[&key.tenant(), &key.as_str()])
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let corrupt = |e: tokio_postgres::Error| {
+                    store::Error::Corrupt(format!("event of {key} is unreadable: {e}"))
+                };
+                let kind: String = r.try_get(0).map_err(corrupt)?;
+                let attempt: i64 = r.try_get(2).map_err(corrupt)?;
+                Ok(Event {
+                    kind: EventKind::parse(&kind).ok_or_else(|| {
+                        store::Error::Corrupt(format!("event of {key} has unknown kind `{kind}`"))
+                    })?,
+                    at: r.try_get(1).map_err(corrupt)?,
+                    attempt: attempt.max(0) as u64,
+                    worker: r.try_get(3).map_err(corrupt)?,
+                    detail: r.try_get(4).map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_records(&self, filter: Filter) -> Result<Vec<Record>, store::Error> {
+        let limit = match filter.limit {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE),
+        } as i64;
+        let status = filter.status.map(|s| s.as_str());
+        let text = sql::list(
+            filter.tenant.is_some(),
+            status.is_some(),
+            filter.tool.is_some(),
+            filter.after.is_some(),
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(5);
+        if let Some(tenant) = &filter.tenant {
+            params.push(tenant);
+        }
+        if let Some(status) = &status {
+            params.push(status);
+        }
+        if let Some(tool) = &filter.tool {
+            params.push(tool);
+        }
+        if let Some(after) = &filter.after {
+            params.push(after);
+        }
+        params.push(&limit);
+        let mut conn = self.conn().await?;
+        let rows = conn.run(Kind::Read, &text, &params).await?;
+        rows.iter().map(|r| record_of(r, 0)).collect()
+    }
+
+    async fn due(&self, now: Millis, limit: usize) -> Result<Vec<Record>, store::Error> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut conn = self.conn().await?;
+        let rows = conn
+            .run(Kind::Read, sql::RECOVERABLE, &[&now, &limit])
+            .await?;
+        rows.iter().map(|r| record_of(r, 0)).collect()
+    }
+
+    async fn fingerprint_match(
+        &self,
+        tenant: &str,
+        tool: &str,
+        fingerprint: &Fingerprint,
+        since: Millis,
+    ) -> Result<Option<OperationKey>, store::Error> {
+        let mut conn = self.conn().await?;
+        let rows = conn
+            .run(
+                Kind::Read,
+                sql::FIND_FINGERPRINT,
+                &[&tenant, &tool, &fingerprint.as_str(), &since],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(None);
+        };
+        let key: String = r
+            .try_get(0)
+            .map_err(|e| store::Error::Corrupt(format!("unreadable key: {e}")))?;
+        OperationKey::parse(&key)
+            .map(Some)
+            .map_err(|e| store::Error::Corrupt(format!("stored key `{key}` is malformed: {e}")))
+    }
+
+    async fn sweep_once(&self, now: Millis, limit: usize) -> Result<SweepReport, store::Error> {
+        if limit == 0 {
+            return Ok(SweepReport::default());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut conn = self.conn().await?;
+        // One statement: see `sql::SWEEP` for why a record compacted now is purged only by a
+        // later sweep.
+        let rows = conn
+            .run(Kind::Write, sql::SWEEP, &[&now, &limit, &SWEEPER])
+            .await?;
+        let count = |column: usize| -> u64 {
+            rows.first()
+                .and_then(|r| r.try_get::<_, i64>(column).ok())
+                .unwrap_or(0)
+                .max(0) as u64
+        };
+        Ok(SweepReport {
+            compacted: count(0),
+            purged: count(1),
+        })
+    }
+}
+
+/// Reads one record on an already checked-out connection (a statement of its own, hence a
+/// fresh snapshot).
+async fn get_with(conn: &mut Conn, key: &OperationKey) -> Result<Option<Record>, store::Error> {
+    let rows = conn
+        .run(Kind::Read, sql::GET, &[&key.tenant(), &key.as_str()])
+        .await?;
+    rows.first().map(|r| record_of(r, 0)).transpose()
+}
+
+/// A result row as a record; anything unreadable is `Corrupt`, never silently fixed.
+fn record_of(r: &tokio_postgres::Row, offset: usize) -> Result<Record, store::Error> {
+    let row = sql::read_row(r, offset)
+        .map_err(|e| store::Error::Corrupt(format!("unreadable operations row: {e}")))?;
+    row.into_record()
+        .map_err(|e| store::Error::Corrupt(e.to_string()))
+}
+
+/// Events as parallel arrays, the shape `unnest` turns back into rows inside one statement.
+struct EventColumns {
+    kind: Vec<&'static str>,
+    at: Vec<i64>,
+    attempt: Vec<i64>,
+    worker: Vec<String>,
+    detail: Vec<Option<String>>,
+}
+
+impl EventColumns {
+    fn of(events: &[Event]) -> EventColumns {
+        EventColumns {
+            kind: events.iter().map(|e| e.kind.as_str()).collect(),
+            at: events.iter().map(|e| e.at).collect(),
+            attempt: events.iter().map(|e| e.attempt as i64).collect(),
+            worker: events.iter().map(|e| e.worker.clone()).collect(),
+            detail: events.iter().map(|e| e.detail.clone()).collect(),
+        }
+    }
+}
+
+impl Store for PgStore {
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
+        Box::pin(self.get_record(key))
+    }
+
+    fn claim(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
+        Box::pin(self.claim_record(record, events))
+    }
+
+    fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
+        Box::pin(self.apply(transition))
+    }
+
+    fn append_events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        Box::pin(self.append(key, events))
+    }
+
+    fn events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+        Box::pin(self.trace(key))
+    }
+
+    fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.list_records(filter))
+    }
+
+    fn recoverable(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.due(now, limit))
+    }
+
+    fn find_fingerprint<'a>(
+        &'a self,
+        tenant: &'a str,
+        tool: &'a str,
+        fingerprint: &'a Fingerprint,
+        since: Millis,
+    ) -> BoxFuture<'a, Result<Option<OperationKey>, store::Error>> {
+        Box::pin(self.fingerprint_match(tenant, tool, fingerprint, since))
+    }
+
+    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, store::Error>> {
+        Box::pin(self.sweep_once(now, limit))
+    }
+}

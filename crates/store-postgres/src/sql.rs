@@ -1,0 +1,302 @@
+//! The SQL text of every statement, and the mapping between result rows and the core's flat
+//! [`Row`]. Each statement is a compile-time string, so deadpool's per-connection statement
+//! cache (keyed by the text) prepares it once per connection.
+//!
+//! # Isolation
+//!
+//! Every statement runs at READ COMMITTED, pinned per connection in [`crate::PgStore::connect`]
+//! so that a server configured with another default cannot change the behaviour. Each store
+//! operation is **one statement**, in its own implicit transaction; the events a claim or a
+//! transition appends are inserted by a data-modifying CTE of that same statement, so the record
+//! and its trace commit together or not at all. READ COMMITTED is enough because of how
+//! PostgreSQL runs a write that meets a concurrent writer:
+//!
+//! - `INSERT … ON CONFLICT (tenant, key) DO NOTHING` checks the unique index, not a snapshot. If
+//!   another transaction has inserted the same key and not yet committed, the insert waits for
+//!   it; if it commits, this insert does nothing, if it rolls back, this insert proceeds. So
+//!   exactly one of any number of concurrent claims inserts.
+//! - `UPDATE … WHERE tenant AND key AND fence AND status [AND lease_expires_at <= now]` locks
+//!   the row; if a concurrent transaction updated it first, PostgreSQL waits for that
+//!   transaction and then re-evaluates the whole WHERE clause on the newest row version
+//!   (EvalPlanQual) before writing. A late finisher whose fence was bumped by a takeover, or a
+//!   takeover that lost to a lease renewal, therefore matches no row. The compare and the set
+//!   are one atomic step.
+//! - The sweep's `SELECT … FOR UPDATE SKIP LOCKED` likewise re-checks its condition on the
+//!   newest version of each row it locks, and skips rows a transition is writing right now.
+//!
+//! What would break elsewhere:
+//!
+//! - PostgreSQL at REPEATABLE READ or SERIALIZABLE: still correct, but a statement that meets a
+//!   concurrent update of its row fails with a serialization error (SQLSTATE 40001) instead of
+//!   re-checking, so ordinary races would surface as `Unavailable` and need a retry loop.
+//! - An engine that evaluates the WHERE clause only against the statement's snapshot and then
+//!   writes without re-checking the row's current version would let two fenced updates with the
+//!   same expectation both succeed (a lost update). There the compare-and-set needs SERIALIZABLE
+//!   or a `SELECT … FOR UPDATE` before the update, in one explicit transaction.
+//! - MySQL/InnoDB: an UPDATE reads the latest committed version (a locking read), so the fenced
+//!   update holds, but CTEs cannot write (the events need an explicit transaction) and
+//!   `INSERT IGNORE` swallows errors other than a duplicate key.
+//! - CockroachDB runs SERIALIZABLE and retries a conflicting single-statement transaction by
+//!   itself, so these statements carry over, at the price of retries under contention.
+//!
+//! One subtlety of READ COMMITTED is handled in code, not SQL: the snapshot of a statement is
+//! taken when it starts, so in the claim statement the branch that reads the existing row may
+//! not see a row that a concurrent claim committed while this statement waited on the unique
+//! index. The statement then returns nothing; the caller detects "neither inserted nor found"
+//! and reads again with a new statement, hence a new snapshot.
+
+use idemgate_core::record::Row;
+
+/// The columns of `operations`, in the order of [`Row`]'s fields.
+macro_rules! columns {
+    () => {
+        "tenant, key, tool, tool_version, fingerprint, canonicalization, status, fence, \
+         lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, error_code, \
+         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at"
+    };
+}
+
+/// Reads one record by key.
+pub(crate) const GET: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM operations WHERE tenant = $1 AND key = $2"
+);
+
+/// Claim-or-load in one round trip. `$1..$23` are the row, `$24..$28` the events as parallel
+/// arrays (kind, at, attempt, worker, detail).
+///
+/// The events are inserted by a cross join with `ins`, so they exist only if the row was
+/// inserted; `WITH ORDINALITY` and the `ORDER BY` give them ids in the order they were passed.
+/// The second branch reads the existing row from the statement's snapshot; when the insert
+/// happened, that snapshot cannot contain the new row, so at most one row is returned — except
+/// in one race (the existing row was purged after our snapshot and we inserted anew), where the
+/// caller prefers the inserted row.
+pub(crate) const CLAIM: &str = concat!(
+    "WITH ins AS (
+        INSERT INTO operations (",
+    columns!(),
+    ")
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                $18, $19, $20, $21, $22, $23)
+        ON CONFLICT (tenant, key) DO NOTHING
+        RETURNING ",
+    columns!(),
+    "
+    ), ev AS (
+        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+        SELECT ins.tenant, ins.key, e.kind, e.at, e.attempt, e.worker, e.detail
+        FROM ins,
+             unnest($24::text[], $25::bigint[], $26::bigint[], $27::text[], $28::text[])
+                 WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
+        ORDER BY e.ord
+    )
+    SELECT true AS inserted, ",
+    columns!(),
+    " FROM ins
+    UNION ALL
+    SELECT false AS inserted, ",
+    columns!(),
+    " FROM operations WHERE tenant = $1 AND key = $2"
+);
+
+/// One fenced compare-and-set with its events, in one statement.
+///
+/// `$1..$5` are the expectation (tenant, key, fence, status, lease expired by — NULL when the
+/// transition is no takeover); `$6..$15` the new state's columns; `$16` whether to replace the
+/// request and `$17` its new value; `$18` a new approver and `$19` a new fingerprint, each NULL
+/// to keep the stored one; `$20` the time; `$21..$25` the events.
+pub(crate) const TRANSITION: &str = concat!(
+    "WITH upd AS (
+        UPDATE operations SET
+            status = $6, fence = $7, lease_owner = $8, lease_expires_at = $9, dispatch = $10,
+            job_id = $11, effect_reference = $12, result = $13, error_code = $14,
+            error_message = $15,
+            request = CASE WHEN $16::boolean THEN $17::text ELSE request END,
+            approved_by = COALESCE($18::text, approved_by),
+            fingerprint = COALESCE($19::text, fingerprint),
+            updated_at = $20
+        WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4
+          AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
+        RETURNING ",
+    columns!(),
+    "
+    ), ev AS (
+        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+        SELECT upd.tenant, upd.key, e.kind, e.at, e.attempt, e.worker, e.detail
+        FROM upd,
+             unnest($21::text[], $22::bigint[], $23::bigint[], $24::text[], $25::text[])
+                 WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
+        ORDER BY e.ord
+    )
+    SELECT ",
+    columns!(),
+    " FROM upd"
+);
+
+/// Appends trace entries; `$1, $2` the tenant and key, `$3..$7` the events.
+pub(crate) const APPEND_EVENTS: &str = "
+    INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+    SELECT $1, $2, e.kind, e.at, e.attempt, e.worker, e.detail
+    FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])
+             WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
+    ORDER BY e.ord";
+
+/// The trace of one operation, oldest first.
+pub(crate) const EVENTS: &str = "
+    SELECT kind, at, attempt, worker, detail FROM events
+    WHERE tenant = $1 AND key = $2 ORDER BY id";
+
+/// Pending records due for the recoverer, oldest update first.
+///
+/// Two branches, each cut to the limit before the union: expired leases, found by a range
+/// scan of the partial index `operations_recoverable`; and jobs to poll or released claims,
+/// due whatever their lease says, found by filtering the same index's pending rows (few, since
+/// only operations in flight are pending). A single `OR` would defeat the range scan.
+pub(crate) const RECOVERABLE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM (
+        (SELECT ",
+    columns!(),
+    " FROM operations
+         WHERE status = 'pending' AND lease_expires_at <= $1
+         ORDER BY updated_at, key LIMIT $2)
+        UNION
+        (SELECT ",
+    columns!(),
+    " FROM operations
+         WHERE status = 'pending' AND (dispatch = 'job' OR lease_owner IS NULL)
+         ORDER BY updated_at, key LIMIT $2)
+    ) AS due
+    ORDER BY updated_at, key
+    LIMIT $2"
+);
+
+/// The duplicate-intent window: the earliest record of this tool and fingerprint created at or
+/// after `$4`.
+pub(crate) const FIND_FINGERPRINT: &str = "
+    SELECT key FROM operations
+    WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND created_at >= $4
+    ORDER BY created_at, key
+    LIMIT 1";
+
+/// One retention sweep, as one statement, so that it commits whole or not at all and its
+/// failure classifies exactly like any other write's. `$1` is now, `$2` the limit per kind,
+/// `$3` the worker named in the `expired` events.
+///
+/// - Purge: at most `$2` tombstones past `purge_at` are deleted, with their events.
+/// - Compact: at most `$2` terminal records (`applied`, `failed_permanent`,
+///   `awaiting_approval`) past `expires_at` become tombstones, each with an `expired` event.
+///   The columns cleared are those `Row::set_state` clears for a tombstone: the reference and
+///   the refusal code are kept; the result, the request and the rest are dropped.
+///
+/// Every part reads the statement's one snapshot, so a record compacted by this sweep is not
+/// yet a tombstone to the purge: it keeps its tombstone until the next sweep even when its
+/// purge time has passed too, and the late-arrival policy sees every tombstone at least once.
+/// `FOR UPDATE SKIP LOCKED` bounds the work, lets several sweepers run at once without waiting
+/// on each other, and leaves alone any row a transition is writing right now; the UPDATE and
+/// DELETE repeat their conditions so that they hold on the row version they write. Pending and
+/// unknown records match neither condition and are never swept.
+pub(crate) const SWEEP: &str = "
+    WITH purge_due AS (
+        SELECT tenant, key FROM operations
+        WHERE status = 'tombstone' AND purge_at <= $1
+        ORDER BY purge_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), purged AS (
+        DELETE FROM operations o USING purge_due d
+        WHERE o.tenant = d.tenant AND o.key = d.key
+          AND o.status = 'tombstone' AND o.purge_at <= $1
+        RETURNING o.tenant, o.key
+    ), purged_events AS (
+        DELETE FROM events e USING purged p
+        WHERE e.tenant = p.tenant AND e.key = p.key
+    ), compact_due AS (
+        SELECT tenant, key FROM operations
+        WHERE status IN ('applied', 'failed_permanent', 'awaiting_approval') AND expires_at <= $1
+        ORDER BY expires_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), compacted AS (
+        UPDATE operations o SET
+            status = 'tombstone', lease_owner = NULL, lease_expires_at = NULL, dispatch = NULL,
+            job_id = NULL, result = NULL, error_message = NULL, request = NULL,
+            updated_at = $1
+        FROM compact_due d
+        WHERE o.tenant = d.tenant AND o.key = d.key
+          AND o.status IN ('applied', 'failed_permanent', 'awaiting_approval')
+          AND o.expires_at <= $1
+        RETURNING o.tenant, o.key, o.fence
+    ), expired_events AS (
+        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+        SELECT tenant, key, 'expired', $1, fence, $3, NULL FROM compacted
+    )
+    SELECT (SELECT count(*) FROM compacted), (SELECT count(*) FROM purged)";
+
+/// Builds the listing statement for the filters present, so that each combination gets a plan
+/// that uses its index (a single statement with `$n IS NULL OR …` clauses would get a generic
+/// plan that can use none). There are sixteen combinations, each cached once per connection.
+pub(crate) fn list(tenant: bool, status: bool, tool: bool, after: bool) -> String {
+    let mut sql = format!("SELECT {} FROM operations", columns!());
+    let mut clauses = Vec::new();
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    if tenant {
+        clauses.push(format!("tenant = ${}", next()));
+    }
+    if status {
+        clauses.push(format!("status = ${}", next()));
+    }
+    if tool {
+        clauses.push(format!("tool = ${}", next()));
+    }
+    if after {
+        clauses.push(format!("key > ${}", next()));
+    }
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(&format!(" ORDER BY key LIMIT ${}", next()));
+    sql
+}
+
+/// Reads the operation columns of a result row, starting at column `offset` (the claim puts a
+/// flag in front of them). Columns are read by position: the statements above list them in
+/// the order of [`Row`]'s fields.
+pub(crate) fn read_row(
+    r: &tokio_postgres::Row,
+    offset: usize,
+) -> Result<Row, tokio_postgres::Error> {
+    let at = |i: usize| offset + i;
+    Ok(Row {
+        tenant: r.try_get(at(0))?,
+        key: r.try_get(at(1))?,
+        tool: r.try_get(at(2))?,
+        tool_version: r.try_get(at(3))?,
+        fingerprint: r.try_get(at(4))?,
+        canonicalization: r.try_get(at(5))?,
+        status: r.try_get(at(6))?,
+        fence: r.try_get(at(7))?,
+        lease_owner: r.try_get(at(8))?,
+        lease_expires_at: r.try_get(at(9))?,
+        dispatch: r.try_get(at(10))?,
+        job_id: r.try_get(at(11))?,
+        effect_reference: r.try_get(at(12))?,
+        result: r.try_get(at(13))?,
+        error_code: r.try_get(at(14))?,
+        error_message: r.try_get(at(15))?,
+        actor: r.try_get(at(16))?,
+        request: r.try_get(at(17))?,
+        approved_by: r.try_get(at(18))?,
+        created_at: r.try_get(at(19))?,
+        updated_at: r.try_get(at(20))?,
+        expires_at: r.try_get(at(21))?,
+        purge_at: r.try_get(at(22))?,
+    })
+}

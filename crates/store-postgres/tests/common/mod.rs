@@ -1,0 +1,138 @@
+//! Records, events and transitions for the store tests, built from a few words each.
+
+#![allow(dead_code)] // Each test binary uses a different part of this module.
+
+use idemgate_core::ErrorCode;
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::record::{
+    Digest, Dispatch, Event, EventKind, Evidence, Lease, Millis, Receipt, Record, RecordState,
+    Refusal,
+};
+use idemgate_core::store::{Expect, RequestUpdate, Transition};
+use serde_json::json;
+
+/// A fresh database, or return from the test after the helper printed why it was skipped.
+#[macro_export]
+macro_rules! database {
+    () => {
+        match idemgate_store_postgres::testing::fresh_database().await {
+            Some(db) => db,
+            None => return,
+        }
+    };
+}
+
+pub const LEASE: Millis = 30_000;
+
+pub fn key(text: &str) -> OperationKey {
+    OperationKey::parse(text).unwrap()
+}
+
+/// A distinct, valid fingerprint per number.
+pub fn fingerprint(n: u64) -> Fingerprint {
+    Fingerprint::parse(&format!("sha256:{n:064x}")).unwrap()
+}
+
+/// A record freshly claimed by `owner` at `now`, with fence 1.
+pub fn claimed(key_text: &str, owner: &str, now: Millis) -> Record {
+    Record {
+        key: key(key_text),
+        tool: "create_ticket".into(),
+        tool_version: "1".into(),
+        fingerprint: fingerprint(1),
+        canonicalization: 1,
+        state: pending(Some(owner), now + LEASE, Dispatch::NotSent),
+        fence: 1,
+        actor: "agent-1".into(),
+        request: Some(json!({"title": "Printer on fire", "priority": 2})),
+        approved_by: None,
+        created_at: now,
+        updated_at: now,
+        expires_at: now + 86_400_000,
+        purge_at: now + 2 * 86_400_000,
+    }
+}
+
+pub fn pending(owner: Option<&str>, expires_at: Millis, dispatch: Dispatch) -> RecordState {
+    RecordState::Pending {
+        lease: Lease {
+            owner: owner.map(str::to_string),
+            expires_at,
+        },
+        dispatch,
+    }
+}
+
+pub fn applied(reference: &str) -> RecordState {
+    RecordState::Applied(Receipt {
+        reference: reference.into(),
+        result: json!({"ticket": reference, "note": "ünïcödé ✓"}),
+    })
+}
+
+pub fn refused() -> RecordState {
+    RecordState::FailedPermanent(Refusal {
+        code: ErrorCode::DownstreamRejected,
+        message: "quota exceeded".into(),
+    })
+}
+
+pub fn unknown() -> RecordState {
+    RecordState::Unknown(Evidence {
+        reason: "timeout after send".into(),
+        reference: None,
+        job_id: None,
+    })
+}
+
+pub fn tombstone(reference: Option<&str>, refusal: Option<ErrorCode>) -> RecordState {
+    RecordState::Tombstone(Digest {
+        reference: reference.map(str::to_string),
+        refusal,
+    })
+}
+
+pub fn event(kind: EventKind, at: Millis, attempt: u64, worker: &str) -> Event {
+    Event::new(kind, at, attempt, worker)
+}
+
+/// The owner's own next step from `current`: same fence, expecting the current status.
+pub fn step(current: &Record, next: RecordState, now: Millis, events: Vec<Event>) -> Transition {
+    Transition {
+        key: current.key.clone(),
+        expect: Expect {
+            fence: current.fence,
+            status: current.status(),
+            lease_expired_by: None,
+        },
+        next,
+        fence: current.fence,
+        request: RequestUpdate::Keep,
+        approved_by: None,
+        fingerprint: None,
+        events,
+        now,
+    }
+}
+
+/// A takeover of `current` by `worker` at `now`: the lease must have expired by `now`, and the
+/// fence grows by one.
+pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
+    let fence = current.fence + 1;
+    Transition {
+        key: current.key.clone(),
+        expect: Expect {
+            fence: current.fence,
+            status: current.status(),
+            lease_expired_by: Some(now),
+        },
+        next: pending(Some(worker), now + LEASE, Dispatch::NotSent),
+        fence,
+        request: RequestUpdate::Keep,
+        approved_by: None,
+        fingerprint: None,
+        events: vec![event(EventKind::Recovered, now, fence, worker)],
+        now,
+    }
+}
