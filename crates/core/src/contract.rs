@@ -652,15 +652,17 @@ impl Contract {
             ApprovalRule::Never | ApprovalRule::Default => false,
             ApprovalRule::Always => true,
             ApprovalRule::WhenMatches => {
-                self.file
-                    .security
-                    .approval_when
-                    .iter()
-                    .any(|(field, values)| {
-                        arguments
-                            .get(field)
-                            .is_some_and(|v| values.iter().any(|x| x == v))
-                    })
+                // Judged on the material value (after defaults and normalisation) where the
+                // field is material, so an omitted default or a re-cased value cannot slip
+                // past the rule that the fingerprint treats as the same request.
+                let material = self.material(arguments).ok();
+                self.file.security.approval_when.iter().any(|(field, values)| {
+                    material
+                        .as_ref()
+                        .and_then(|m| m.fields().get(field))
+                        .or_else(|| arguments.get(field))
+                        .is_some_and(|v| values.iter().any(|x| x == v))
+                })
             }
         }
     }
@@ -686,7 +688,12 @@ fn describe_schema_error(e: &jsonschema::ValidationError<'_>) -> String {
         K::AdditionalProperties { unexpected } => {
             format!("unexpected properties {}", unexpected.join(", "))
         }
-        K::Type { kind } => format!("wrong type, expected {kind:?}"),
+        K::Type { kind } => match kind {
+            jsonschema::error::TypeKind::Single(t) => format!("wrong type, expected {t}"),
+            jsonschema::error::TypeKind::Multiple(ts) => {
+                format!("wrong type, expected one of {ts:?}")
+            }
+        },
         K::MinLength { limit } => format!("shorter than {limit} characters"),
         K::MaxLength { limit } => format!("longer than {limit} characters"),
         K::Enum { .. } => "not one of the allowed values".to_string(),

@@ -71,16 +71,27 @@ impl Serialize for Span {
 
 impl<'de> Deserialize<'de> for Span {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Span, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Seconds(u64),
-            Text(String),
+        // A plain visitor, not an untagged enum: the error is raised while the deserializer
+        // still knows the value's position, so a contract error names the exact line and field.
+        struct SpanVisitor;
+        impl serde::de::Visitor<'_> for SpanVisitor {
+            type Value = Span;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 90s, 15m, 24h, 7d or a number of seconds")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Span, E> {
+                Ok(Span(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Span, E> {
+                u64::try_from(n)
+                    .map(Span)
+                    .map_err(|_| E::custom("a duration cannot be negative"))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Span, E> {
+                Span::parse(text).map_err(E::custom)
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Seconds(n) => Ok(Span(n)),
-            Raw::Text(t) => Span::parse(&t).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(SpanVisitor)
     }
 }
 

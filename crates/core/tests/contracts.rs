@@ -688,12 +688,12 @@ fn arguments_are_validated_without_echoing_values() {
     check_args(
         t,
         r#"{"subject":42,"body":"x"}"#,
-        Err(&msg("at `/subject`: wrong type, expected Single(String)")),
+        Err(&msg("at `/subject`: wrong type, expected string")),
     );
     check_args(
         t,
         &format!(r#"[{{"subject":"{SECRET}"}}]"#),
-        Err(&msg("at `/`: wrong type, expected Single(Object)")),
+        Err(&msg("at `/`: wrong type, expected object")),
     );
     let s = "tickets.set_status.yaml";
     let head = "arguments do not match the input schema of tickets.set_status 2026-08-18: ";
@@ -724,7 +724,7 @@ fn arguments_are_validated_without_echoing_values() {
         s,
         &format!(r#"{{"ticket_id":"{SECRET}","status":"{SECRET}","expected_version":"{SECRET}"}}"#),
         Err(&msg(
-            "at `/expected_version`: wrong type, expected Single(Integer); at `/status`: not one of the allowed values; at `/ticket_id`: does not match pattern ^ticket_[0-9]+$",
+            "at `/expected_version`: wrong type, expected integer; at `/status`: not one of the allowed values; at `/ticket_id`: does not match pattern ^ticket_[0-9]+$",
         )),
     );
 }

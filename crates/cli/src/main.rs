@@ -1,0 +1,72 @@
+//! `idemgate`, the command line over idemgate's core.
+//!
+//! One module per group of subcommands; each exposes a clap `Command` enum and a `run` that
+//! returns the process exit code. This file only parses the command line, dispatches, and turns
+//! an error into a message and exit status 2.
+//!
+//! Exit statuses: 0 success; 1 the command ran and found problems (a linter error); 2 the
+//! command could not do its job (bad input, unreadable file, refused contract, usage).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod conformance;
+mod contract;
+mod demo;
+mod stores;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idemgate",
+    version,
+    about = "Make side-effecting tools safe to retry for AI agents."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Review tool contracts and compute request fingerprints.
+    #[command(subcommand)]
+    Contract(contract::Command),
+    /// The lost-response story end to end, on an embedded SQLite file in a temporary directory.
+    Demo,
+    /// Run the fault matrix (every scenario of the seed's test tables) on embedded SQLite.
+    Conformance(conformance::ConformanceArgs),
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    // Logs go to stderr and are off unless RUST_LOG asks for them: the demo's output is for
+    // people, and keys, fingerprints and references are all a log line would add.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// The exit status of a command that could not do its job.
+const FAILURE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Contract(command) => contract::run(command),
+        Command::Demo => runtime().and_then(|rt| rt.block_on(demo::run())).map(|()| ExitCode::SUCCESS),
+        Command::Conformance(args) => runtime()
+            .and_then(|rt| rt.block_on(conformance::run(args)))
+            .map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("idemgate: error: {error:#}");
+            ExitCode::from(FAILURE)
+        }
+    }
+}
