@@ -52,33 +52,129 @@ impl std::fmt::Debug for Canonical {
 
 /// Canonicalises the material request of `tool` at `version`.
 pub fn canonicalize(tool: &str, version: &str, material: &Material) -> Result<Canonical, Error> {
-    for (field, value) in &material.0 {
-        json::check_numbers(value).map_err(|reason| Error {
+    let mut out = Vec::with_capacity(128);
+    // The envelope's member names are already in RFC 8785 order ("fields" < "tool" <
+    // "tool_version"), so it is written directly instead of being built as a map and sorted.
+    out.extend_from_slice(b"{\"fields\":{");
+    for (i, (field, value)) in sorted(&material.0).into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(&mut out, field);
+        out.push(b':');
+        write_value(&mut out, value).map_err(|reason| Error {
             field: field.clone(),
             reason,
         })?;
     }
-    let mut envelope = Map::new();
-    envelope.insert("fields".into(), Value::Object(material.0.clone()));
-    envelope.insert("tool".into(), Value::String(tool.into()));
-    envelope.insert("tool_version".into(), Value::String(version.into()));
-    let bytes = serde_json_canonicalizer::to_vec(&Value::Object(envelope)).map_err(|e| Error {
-        field: "*".into(),
-        reason: e.to_string(),
-    })?;
-    Ok(Canonical(bytes))
+    out.extend_from_slice(b"},\"tool\":");
+    write_string(&mut out, tool);
+    out.extend_from_slice(b",\"tool_version\":");
+    write_string(&mut out, version);
+    out.push(b'}');
+    Ok(Canonical(out))
+}
+
+/// Members in RFC 8785 order: by the UTF-16 code units of their names, which differs from
+/// UTF-8 byte order for characters above U+FFFF against U+E000..U+FFFF.
+fn sorted(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut members: Vec<(&String, &Value)> = map.iter().collect();
+    if members.iter().all(|(k, _)| k.is_ascii()) {
+        // ASCII names sort the same in bytes and in UTF-16 code units.
+        members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    } else {
+        members.sort_unstable_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    }
+    members
+}
+
+/// RFC 8785 string serialisation: `"` and `\\` escaped, control characters as `\b \t \n \f \r`
+/// or `\u00xx` in lowercase hex, everything else (U+007F, U+2028 included) as UTF-8.
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: Option<&[u8]> = match b {
+            b'"' => Some(b"\\\""),
+            b'\\' => Some(b"\\\\"),
+            0x08 => Some(b"\\b"),
+            0x09 => Some(b"\\t"),
+            0x0a => Some(b"\\n"),
+            0x0c => Some(b"\\f"),
+            0x0d => Some(b"\\r"),
+            0x00..=0x1f => None,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        match escape {
+            Some(e) => out.extend_from_slice(e),
+            None => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+fn write_value(out: &mut Vec<u8>, value: &Value) -> Result<(), String> {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => {
+            json::check_numbers(value)?;
+            if let Some(u) = n.as_u64() {
+                out.extend_from_slice(u.to_string().as_bytes());
+            } else if let Some(i) = n.as_i64() {
+                out.extend_from_slice(i.to_string().as_bytes());
+            } else {
+                // Doubles follow ECMAScript's Number-to-string rules; that algorithm is the
+                // part of RFC 8785 worth taking from a maintained crate rather than rewriting.
+                let text = serde_json_canonicalizer::to_vec(value).map_err(|e| e.to_string())?;
+                out.extend_from_slice(&text);
+            }
+        }
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(out, item)?;
+            }
+            out.push(b']');
+        }
+        Value::Object(members) => {
+            out.push(b'{');
+            for (i, (name, item)) in sorted(members).into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(out, name);
+                out.push(b':');
+                write_value(out, item)?;
+            }
+            out.push(b'}');
+        }
+    }
+    Ok(())
 }
 
 /// JCS bytes of any strict value; used for the RFC 8785 vectors and by the fuzz target.
 pub fn jcs(value: &Value) -> Result<Vec<u8>, Error> {
-    json::check_numbers(value).map_err(|reason| Error {
+    let mut out = Vec::with_capacity(64);
+    write_value(&mut out, value).map_err(|reason| Error {
         field: "*".into(),
         reason,
     })?;
-    serde_json_canonicalizer::to_vec(value).map_err(|e| Error {
-        field: "*".into(),
-        reason: e.to_string(),
-    })
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -91,6 +187,23 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(input).unwrap();
         let bytes = serde_json_canonicalizer::to_vec(&value).unwrap();
         assert_eq!(std::str::from_utf8(&bytes).unwrap(), expect, "{input}");
+    }
+
+    #[test]
+    fn our_writer_agrees_with_the_crate_on_the_vectors() {
+        for input in [
+            r#"{"b":2,"a":1,"c":{"z":[1,"x",null,true,false],"y":-0}}"#,
+            r#"{"s":"\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/\u007f\u2028"}"#,
+            "{\"\u{20ac}\":1,\"\\r\":2,\"\u{fb33}\":3,\"1\":4,\"\u{1f600}\":5,\"\u{0080}\":6}",
+            r#"[0.1, -1.5e-7, 123456.789, 9007199254740992, -9007199254740992, 1e-7, 5e-324]"#,
+        ] {
+            let value: serde_json::Value = serde_json::from_str(input).unwrap();
+            assert_eq!(
+                String::from_utf8(jcs(&value).unwrap()).unwrap(),
+                String::from_utf8(serde_json_canonicalizer::to_vec(&value).unwrap()).unwrap(),
+                "{input}"
+            );
+        }
     }
 
     // Vectors in the manner of RFC 8785's examples: member ordering by UTF-16 code units,

@@ -571,6 +571,10 @@ impl Contract {
     /// Validates arguments against the input schema. The message names the location and the
     /// rule broken, never the value.
     pub fn validate(&self, arguments: &Value) -> Result<(), ArgumentError> {
+        // The common case, valid arguments, takes the validator's allocation-free path.
+        if self.validator.is_valid(arguments) {
+            return Ok(());
+        }
         let problems: Vec<String> = self
             .validator
             .iter_errors(arguments)
