@@ -1013,6 +1013,14 @@ pub async fn invalid_input_leaves_no_record(store: Arc<dyn Store>) {
         .execute(&c, &no_key, &ticket("Refund"), &h.downstream)
         .await;
     assert_eq!(o.error_code(), Some(ErrorCode::MissingOperationKey));
+    let mut half_key = op("s1");
+    half_key.step_id = None;
+    let o = h
+        .executor
+        .execute(&c, &half_key, &ticket("Refund"), &h.downstream)
+        .await;
+    assert_eq!(o.error_code(), Some(ErrorCode::MissingOperationKey), "{o:?}");
+    assert!(o.error.unwrap().message.contains("step_id"));
     let bad_key = h.deliver(&c, "step:with:colons", &ticket("Refund")).await;
     assert_eq!(bad_key.error_code(), Some(ErrorCode::InvalidOperationKey));
     let big = h

@@ -114,6 +114,18 @@ pub struct SweepReport {
 /// passed become tombstones (reference and refusal code kept; result and request dropped; an
 /// `expired` event appended); tombstones whose `purge_at` has passed are deleted with their
 /// events. `pending` and `unknown` records are never swept: they still need an owner path.
+///
+/// The finer points every store follows (the shared `store_suite` checks each):
+///
+/// - "Has passed" means at or before `now` (`<=`), for expiries, purges and leases alike.
+/// - A sweep purges before it compacts, so a record compacted by one sweep is purged, at the
+///   earliest, by the next.
+/// - `recoverable` includes a released claim (a lease without owner) whatever its expiry, and
+///   a pending job whatever its lease.
+/// - `list` with `limit == 0` returns a page of 100; no page is larger than 1000.
+/// - `find_fingerprint` returns the earliest-created match, the smallest key on a tie.
+/// - `append_events` for a key without a record is accepted (the trace may outlive a purge
+///   race; it is never read without its record).
 pub trait Store: Send + Sync + 'static {
     /// Reads one record. Never writes.
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>>;

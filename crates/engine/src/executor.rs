@@ -45,17 +45,24 @@ pub struct Operation {
     pub step_id: Option<String>,
 }
 
+/// Why a delivery's operation key could not be derived.
+enum KeyProblem {
+    /// One of workflow_id and step_id is absent.
+    Missing(&'static str),
+    Invalid(idemgate_core::key::Error),
+}
+
 impl Operation {
-    fn key(&self) -> Result<Option<OperationKey>, idemgate_core::key::Error> {
+    fn key(&self) -> Result<Option<OperationKey>, KeyProblem> {
         match (&self.workflow_id, &self.step_id) {
             (None, None) => Ok(None),
-            (workflow, step) => OperationKey::new(
-                &self.caller.tenant,
-                &self.environment,
-                workflow.as_deref().unwrap_or(""),
-                step.as_deref().unwrap_or(""),
-            )
-            .map(Some),
+            (Some(_), None) => Err(KeyProblem::Missing("step_id")),
+            (None, Some(_)) => Err(KeyProblem::Missing("workflow_id")),
+            (Some(workflow), Some(step)) => {
+                OperationKey::new(&self.caller.tenant, &self.environment, workflow, step)
+                    .map(Some)
+                    .map_err(KeyProblem::Invalid)
+            }
         }
     }
 }
@@ -228,7 +235,18 @@ impl Executor {
         }
         let key = match operation.key() {
             Ok(key) => key,
-            Err(e) => {
+            Err(KeyProblem::Missing(part)) => {
+                return self.observe(
+                    tool,
+                    None,
+                    Outcome::rejected(
+                        None,
+                        ErrorCode::MissingOperationKey,
+                        format!("the operation names no {part}; give both workflow_id and step_id"),
+                    ),
+                );
+            }
+            Err(KeyProblem::Invalid(e)) => {
                 return self.observe(
                     tool,
                     None,
@@ -354,13 +372,15 @@ impl Executor {
         }
         // A key-less call still sends an identity downstream: one derived from the fingerprint,
         // so that identical repeats look identical to the system of record.
-        let pseudo = OperationKey::new(
+        let pseudo = match OperationKey::new(
             &caller.tenant,
             &operation.environment,
             "unkeyed",
             &fingerprint.as_str()["sha256:".len()..],
-        )
-        .expect("fingerprint hex is a valid key part");
+        ) {
+            Ok(key) => key,
+            Err(e) => return Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+        };
         let request = EffectRequest {
             key: &pseudo,
             tool: &contract.name,
@@ -576,7 +596,22 @@ impl Executor {
                 }
             }
             Branch::Refuse(outcome) | Branch::Wait(outcome) | Branch::Unknown(outcome) => outcome,
-            Branch::PollJob { job_id } => self.poll_job(contract, record, &job_id, effect).await,
+            Branch::PollJob { job_id } => {
+                // A finished job hands out its result: the same recheck as any replay.
+                if let Err(denied) = self
+                    .authorize(
+                        contract,
+                        caller,
+                        Some(&record.key),
+                        &incoming,
+                        AuthStage::BeforeReplay,
+                    )
+                    .await
+                {
+                    return denied;
+                }
+                self.poll_job(contract, record, &job_id, effect).await
+            }
             Branch::Recover => {
                 if let Err(denied) = self
                     .authorize(
