@@ -73,6 +73,10 @@ pub struct WorkerArgs {
     /// Print `PAUSED <point>` and wait to be killed at this point.
     #[arg(long, value_enum)]
     pub pause_after: Option<PauseAt>,
+    /// With `--pause-after`: continue when a line arrives on stdin instead of waiting to be
+    /// killed, so a test can let a worker whose lease was taken over finish late.
+    #[arg(long, requires = "pause_after")]
+    pub resume_on_stdin: bool,
     /// Deliver steps `k0 .. k{keys-1}`, each `rounds` times, shuffled by `seed`.
     #[arg(long)]
     pub keys: Option<u32>,
@@ -190,6 +194,12 @@ fn announce(point: &str) {
     let _ = out.flush();
 }
 
+/// Blocks the calling thread until a line (or the end) arrives on stdin.
+fn wait_for_stdin_line() {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
 async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
     let inner = crate::stores::open(&w.store).await?;
     let faulty = Arc::new(FaultyStore::new(inner));
@@ -201,8 +211,15 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
     let mut ledger = LedgerDownstream::open(&w.ledger, dedup, lookup)
         .with_context(|| format!("opening the ledger {}", w.ledger.display()))?;
     if matches!(w.pause_after, Some(PauseAt::Commit)) {
-        ledger = ledger.with_after_commit(Arc::new(|_| {
+        let resume = w.resume_on_stdin;
+        ledger = ledger.with_after_commit(Arc::new(move |_| {
             announce("commit");
+            if resume {
+                // Hold this thread (and with it the lease renewal, which runs in the same
+                // task) until the test lets the late finisher go on.
+                wait_for_stdin_line();
+                return;
+            }
             // Hold this thread until the test kills the process: the effect is committed on
             // the downstream's side and the executor never hears of it.
             loop {
@@ -214,9 +231,14 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
     if matches!(w.pause_after, Some(PauseAt::Claim)) {
         faulty.after_claim().arm_nth(1);
         let gate = faulty.after_claim().clone();
+        let resume = w.resume_on_stdin;
         tokio::spawn(async move {
             gate.reached_n_within(1, Duration::from_secs(3600)).await;
             announce("claim");
+            if resume {
+                let _ = tokio::task::spawn_blocking(wait_for_stdin_line).await;
+                gate.release();
+            }
         });
     }
     let store: Arc<dyn Store> = faulty;
@@ -240,7 +262,9 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
     }
     if let Some(keys) = w.keys {
         // A deterministic shuffle (splitmix64), so a failing run can be replayed from its seed.
-        let mut order: Vec<u32> = (0..keys).flat_map(|k| (0..w.rounds).map(move |_| k)).collect();
+        let mut order: Vec<u32> = (0..keys)
+            .flat_map(|k| (0..w.rounds).map(move |_| k))
+            .collect();
         let mut state = w.seed;
         for i in (1..order.len()).rev() {
             state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -252,7 +276,10 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
         }
         let queue = Arc::new(std::sync::Mutex::new(order));
         let mut tasks = Vec::new();
-        let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
+        let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+            String,
+            u64,
+        >::new()));
         for _ in 0..w.concurrency.max(1) {
             let (queue, executor, contract, ledger, args, counts) = (
                 queue.clone(),
@@ -264,9 +291,16 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
             );
             tasks.push(tokio::spawn(async move {
                 loop {
-                    let Some(k) = queue.lock().unwrap().pop() else { break };
+                    let Some(k) = queue.lock().unwrap().pop() else {
+                        break;
+                    };
                     let o = executor
-                        .execute(&contract, &operation(&format!("k{k}")), &args, ledger.as_ref())
+                        .execute(
+                            &contract,
+                            &operation(&format!("k{k}")),
+                            &args,
+                            ledger.as_ref(),
+                        )
                         .await;
                     let label = match &o.error {
                         Some(e) => format!("{}:{}", o.status.as_str(), e.code.as_str()),
@@ -282,8 +316,11 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&*counts.lock().unwrap())?);
     }
     if w.recover {
-        let recoverer = Recoverer::new(executor.clone(), Arc::new(One(contract.clone(), ledger.clone())))
-            .with_batch(1000);
+        let recoverer = Recoverer::new(
+            executor.clone(),
+            Arc::new(One(contract.clone(), ledger.clone())),
+        )
+        .with_batch(1000);
         let mut total = 0;
         // Bounded: a record whose lookup stays unavailable remains recoverable on every pass.
         for _ in 0..100 {

@@ -69,7 +69,9 @@ pub(crate) async fn checkout(
             "no database connection within the timeout ({kind:?})"
         )),
         PoolError::Backend(e) => {
-            store::Error::Unavailable(format!("cannot connect to the database: {e}"))
+            // `describe` keeps the server's reason (too many connections, starting up, …),
+            // which the error's own `Display` reduces to "db error".
+            store::Error::Unavailable(format!("cannot connect to the database: {}", describe(&e)))
         }
         PoolError::Closed => store::Error::Unavailable("the connection pool is closed".into()),
         other => store::Error::Unavailable(format!("cannot get a database connection: {other}")),

@@ -16,6 +16,17 @@ use tokio_postgres::NoTls;
 
 use crate::{Options, PgStore};
 
+/// The statements the store issues, word for word, for benchmarks that run them outside the
+/// store (the pgbench baseline in `benches/executor.rs` substitutes their parameters).
+pub mod statements {
+    /// Claim-or-load with the claim's events; parameters as in the store's `claim`.
+    pub const CLAIM: &str = crate::sql::CLAIM;
+    /// One fenced transition with its events; parameters as in the store's `transition`.
+    pub const TRANSITION: &str = crate::sql::TRANSITION;
+    /// The read of one record by key, the only statement a replay issues.
+    pub const GET: &str = crate::sql::GET;
+}
+
 /// The administrative connection string tests read.
 pub const DATABASE_URL: &str = "DATABASE_URL";
 /// Set to `1` to turn every skip into a failure.
