@@ -61,7 +61,12 @@ impl Demo {
 
     fn elapsed(&self, at: i64) -> String {
         let ms = at - EPOCH;
-        format!("{:02}:{:02}.{:03}", ms / 60_000, (ms / 1000) % 60, ms % 1000)
+        format!(
+            "{:02}:{:02}.{:03}",
+            ms / 60_000,
+            (ms / 1000) % 60,
+            ms % 1000
+        )
     }
 }
 
@@ -124,11 +129,13 @@ fn describe(record: &Record, now: i64) -> String {
             dispatch,
             record.fence
         ),
-        other => format!("{} · attempt {}", record.status().as_str(), record.fence)
-            + &match other {
-                RecordState::Applied(r) => format!(" · {}", r.reference),
-                _ => String::new(),
-            },
+        other => {
+            format!("{} · attempt {}", record.status().as_str(), record.fence)
+                + &match other {
+                    RecordState::Applied(r) => format!(" · {}", r.reference),
+                    _ => String::new(),
+                }
+        }
     }
 }
 
@@ -153,9 +160,16 @@ pub async fn run() -> anyhow::Result<()> {
         .deduplicating(false)
         .with_receipt_lookup(true);
 
-    println!("idemgate demo — a ticket, a lost answer, and a retry that must not create a second ticket");
-    println!("   store: SQLite at {} (WAL, synchronous=FULL)", path.display());
-    println!("   clock: starts at 2026-01-01T00:00:00Z and is moved by hand, so leases expire on cue");
+    println!(
+        "idemgate demo — a ticket, a lost answer, and a retry that must not create a second ticket"
+    );
+    println!(
+        "   store: SQLite at {} (WAL, synchronous=FULL)",
+        path.display()
+    );
+    println!(
+        "   clock: starts at 2026-01-01T00:00:00Z and is moved by hand, so leases expire on cue"
+    );
 
     let step = "record_issue";
     let args = json!({
@@ -164,7 +178,10 @@ pub async fn run() -> anyhow::Result<()> {
         "body": "Order 42 arrived broken; the customer asks for a refund."
     });
 
-    heading("1", "An agent creates a ticket; the ticket service commits it and the answer is lost");
+    heading(
+        "1",
+        "An agent creates a ticket; the ticket service commits it and the answer is lost",
+    );
     println!(
         "   tool {} {} · {} · the service deduplicates on the key and can look a receipt up by it",
         tickets_contract.name,
@@ -175,7 +192,11 @@ pub async fn run() -> anyhow::Result<()> {
     tickets.after_commit().arm_nth(1);
     let crashed = {
         let exec = demo.worker("worker-a");
-        let (ds, c, a) = (tickets.clone(), Contract::load(TICKETS, "tickets")?, args.clone());
+        let (ds, c, a) = (
+            tickets.clone(),
+            Contract::load(TICKETS, "tickets")?,
+            args.clone(),
+        );
         tokio::spawn(async move { exec.execute(&c, &operation(step), &a, &ds).await })
     };
     demo.deliveries += 1;
@@ -183,7 +204,9 @@ pub async fn run() -> anyhow::Result<()> {
     crashed.abort();
     let _ = crashed.await;
     tickets.after_commit().release();
-    println!("   worker-a claimed the operation and sent it; the service committed; worker-a died before hearing back");
+    println!(
+        "   worker-a claimed the operation and sent it; the service committed; worker-a died before hearing back"
+    );
     let record = demo.record(&key(step)).await?;
     println!("   record: {}", describe(&record, demo.clock.now()));
     count("tickets", tickets.effects());
@@ -193,10 +216,15 @@ pub async fn run() -> anyhow::Result<()> {
         .deliver("worker-b", &tickets_contract, step, &args, &tickets)
         .await;
     show(&o);
-    println!("   worker-a's lease is still live, so worker-b sends nothing: the claim is not proof either way");
+    println!(
+        "   worker-a's lease is still live, so worker-b sends nothing: the claim is not proof either way"
+    );
     count("tickets", tickets.effects());
 
-    heading("3", "31 seconds later the lease has expired; the agent retries again");
+    heading(
+        "3",
+        "31 seconds later the lease has expired; the agent retries again",
+    );
     demo.clock.advance(31_000);
     let o = demo
         .deliver("worker-b", &tickets_contract, step, &args, &tickets)
@@ -206,7 +234,10 @@ pub async fn run() -> anyhow::Result<()> {
     count("tickets", tickets.effects());
     let reference = o.effect_reference.clone().unwrap_or_default();
 
-    heading("4", "The model re-plans and sends a different subject under the same step");
+    heading(
+        "4",
+        "The model re-plans and sends a different subject under the same step",
+    );
     let mut changed = args.clone();
     changed["subject"] = json!("Refund request (urgent)");
     let o = demo
@@ -223,7 +254,10 @@ pub async fn run() -> anyhow::Result<()> {
     show(&o);
     count("tickets", tickets.effects());
 
-    heading("6", "An irreversible email whose outcome cannot be proved at first");
+    heading(
+        "6",
+        "An irreversible email whose outcome cannot be proved at first",
+    );
     println!(
         "   tool {} {} · {} · approval by default · the provider does not deduplicate; its log can be searched by key",
         email_contract.name,
@@ -248,7 +282,9 @@ pub async fn run() -> anyhow::Result<()> {
     let o = approver
         .approve(&email_contract, &key(email_step), "operator-1", None, &mail)
         .await?;
-    println!("   operator-1 approves; the provider commits, the answer is lost, its log is behind:");
+    println!(
+        "   operator-1 approves; the provider commits, the answer is lost, its log is behind:"
+    );
     show(&o);
     let o = demo
         .deliver("worker-c", &email_contract, email_step, &email, &mail)

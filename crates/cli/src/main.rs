@@ -36,6 +36,10 @@ enum Command {
     Demo,
     /// Run the fault matrix (every scenario of the seed's test tables) on embedded SQLite.
     Conformance(conformance::ConformanceArgs),
+    /// Serve API v1 over HTTP: tools from contracts, the recoverer and the retention sweeper.
+    Serve(idemgate_server::ServeArgs),
+    /// Serve the contracts as MCP tools over stdio, for one local agent.
+    Mcp(idemgate_mcp::cli::McpArgs),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -57,10 +61,28 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Contract(command) => contract::run(command),
-        Command::Demo => runtime().and_then(|rt| rt.block_on(demo::run())).map(|()| ExitCode::SUCCESS),
+        Command::Demo => runtime()
+            .and_then(|rt| rt.block_on(demo::run()))
+            .map(|()| ExitCode::SUCCESS),
         Command::Conformance(args) => runtime()
             .and_then(|rt| rt.block_on(conformance::run(args)))
-            .map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
+            .map(|ok| {
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }),
+        Command::Serve(args) => runtime()
+            .and_then(|rt| Ok(rt.block_on(idemgate_server::serve(args))?))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Mcp(args) => runtime().and_then(|rt| {
+            rt.block_on(async {
+                let store = stores::open(&args.store).await?;
+                idemgate_mcp::cli::run(args, store).await?;
+                Ok(ExitCode::SUCCESS)
+            })
+        }),
     };
     match result {
         Ok(code) => code,

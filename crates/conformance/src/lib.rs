@@ -18,6 +18,8 @@ pub mod downstream;
 pub mod faulty;
 pub mod gate;
 pub mod harness;
+#[cfg(feature = "http")]
+pub mod http_fake;
 pub mod ledger;
 pub mod mem;
 pub mod scenarios;

@@ -1,0 +1,158 @@
+//! [`HttpAuthorizer`]: the contract's authorization hook, and [`AuthorizerByTool`], which gives
+//! the executor's single authorizer each contract's own hook.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use idemgate_core::contract::Contract;
+use idemgate_core::effect::{AuthRequest, AuthStage, Authorization, Authorizer};
+use idemgate_core::store::BoxFuture;
+use reqwest::header::{ACCEPT, HeaderValue};
+use serde_json::json;
+
+use crate::classify;
+use crate::config::{ConfigError, HookPlan};
+use crate::downstream::exchange;
+
+/// One contract's authorization hook over HTTP. Cheap to clone; `Send + Sync`.
+///
+/// The hook is POSTed `{tenant, actor, role, tool, operation_key, fingerprint, stage}` —
+/// never the arguments: the fingerprint identifies the exact request without handing its
+/// content to another system. `2xx {"allow": true}` allows; `{"allow": false, "reason"}` or a
+/// `403` denies; anything else — another status, no boolean, unreachable, timed out — is
+/// [`Authorization::Unavailable`], on which the executor fails closed.
+#[derive(Clone)]
+pub struct HttpAuthorizer {
+    plan: Arc<HookPlan>,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for HttpAuthorizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpAuthorizer")
+            .field("tool", &self.plan.tool)
+            .field("url", &self.plan.url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpAuthorizer {
+    /// The contract's hook, or `None` when it names none.
+    pub fn from_contract(contract: &Contract) -> Result<Option<HttpAuthorizer>, ConfigError> {
+        let Some(plan) = HookPlan::from_contract(contract)? else {
+            return Ok(None);
+        };
+        let client = crate::shared_client(crate::DEFAULT_CONNECT_TIMEOUT).map_err(|message| {
+            ConfigError::Invalid {
+                tool: plan.tool.clone(),
+                field: "security.authorization_hook".into(),
+                message,
+            }
+        })?;
+        Ok(Some(HttpAuthorizer {
+            plan: Arc::new(plan),
+            client,
+        }))
+    }
+
+    /// Uses `client` instead of the shared one.
+    pub fn with_client(mut self, client: reqwest::Client) -> Self {
+        self.client = client;
+        self
+    }
+}
+
+fn stage(stage: AuthStage) -> &'static str {
+    match stage {
+        AuthStage::BeforeEffect => "before_effect",
+        AuthStage::BeforeReplay => "before_replay",
+    }
+}
+
+impl Authorizer for HttpAuthorizer {
+    fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
+        Box::pin(async move {
+            let body = json!({
+                "tenant": request.tenant,
+                "actor": request.actor,
+                "role": request.role,
+                "tool": request.tool,
+                "operation_key": request.key.map(|k| k.as_str()),
+                "fingerprint": request.fingerprint.as_str(),
+                "stage": stage(request.stage),
+            });
+            let builder = self
+                .client
+                .post(self.plan.url.clone())
+                .headers(self.plan.headers.clone())
+                .header(ACCEPT, HeaderValue::from_static("application/json"))
+                .timeout(self.plan.timeout)
+                .json(&body);
+            let answer = classify::authorization(&exchange(builder).await.reply());
+            tracing::info!(
+                tool = request.tool,
+                tenant = request.tenant,
+                operation_key = request.key.map(|k| k.as_str()),
+                stage = stage(request.stage),
+                answer = match &answer {
+                    Authorization::Allowed => "allowed",
+                    Authorization::Denied(_) => "denied",
+                    Authorization::Unavailable(_) => "unavailable",
+                },
+                "authorization hook"
+            );
+            answer
+        })
+    }
+}
+
+/// The executor takes one [`Authorizer`]; this one asks the hook of the contract named in each
+/// request, and allows tools whose contract names no hook (as the core's `AllowAll` would).
+/// A request for a tool it was not built with fails closed.
+#[derive(Clone, Debug, Default)]
+pub struct AuthorizerByTool {
+    hooks: HashMap<String, Option<HttpAuthorizer>>,
+}
+
+impl AuthorizerByTool {
+    /// Reads every contract's hook; the first bad section is the error.
+    pub fn from_contracts<'a>(
+        contracts: impl IntoIterator<Item = &'a Contract>,
+    ) -> Result<AuthorizerByTool, ConfigError> {
+        let mut hooks = HashMap::new();
+        for contract in contracts {
+            hooks.insert(
+                contract.name.clone(),
+                HttpAuthorizer::from_contract(contract)?,
+            );
+        }
+        Ok(AuthorizerByTool { hooks })
+    }
+
+    /// Uses `client` for every hook.
+    pub fn with_client(mut self, client: reqwest::Client) -> Self {
+        for hook in self.hooks.values_mut().flatten() {
+            *hook = hook.clone().with_client(client.clone());
+        }
+        self
+    }
+
+    /// Whether `tool`'s contract names a hook.
+    pub fn has_hook(&self, tool: &str) -> bool {
+        matches!(self.hooks.get(tool), Some(Some(_)))
+    }
+}
+
+impl Authorizer for AuthorizerByTool {
+    fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
+        match self.hooks.get(request.tool) {
+            Some(Some(hook)) => hook.authorize(request),
+            Some(None) => Box::pin(std::future::ready(Authorization::Allowed)),
+            None => Box::pin(std::future::ready(Authorization::Unavailable(format!(
+                "no authorization settings loaded for tool `{}`",
+                request.tool
+            )))),
+        }
+    }
+}

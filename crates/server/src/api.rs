@@ -1,0 +1,727 @@
+//! API v1: the handlers. Each authenticates, checks its input, calls the executor, and
+//! returns an [`Answer`] or an [`ApiError`]; `wire` turns those into HTTP.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idemgate_core::Fingerprint;
+use idemgate_core::json;
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::ErrorCode;
+use idemgate_core::record::{Event, Record, RecordState, RecordStatus};
+use idemgate_core::store::Filter;
+use idemgate_engine::{Caller, Operation, Resolution};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::{Principal, Role};
+use crate::headers::{self, StepKey};
+use crate::state::AppState;
+use crate::tools::Tool;
+use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
+
+pub const TAG: &str = "idemgate";
+
+// ---------------------------------------------------------------------------------------------
+// Shapes.
+
+/// The body of an invocation. `workflow_id` and `step_id` name the operation (the calling
+/// application's, never the model's); the `Idempotency-Key` header may name it instead.
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)] // Documents the shape; bodies are read strictly by `json::parse`.
+pub struct InvokeRequest {
+    pub workflow_id: Option<String>,
+    pub step_id: Option<String>,
+    /// The tool's arguments, checked against its contract's input schema.
+    #[schema(value_type = Object)]
+    pub arguments: Value,
+}
+
+/// The downstream's authoritative reference for an effect, and the replay-safe result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReceiptView {
+    pub reference: String,
+    #[schema(value_type = Object)]
+    pub result: Value,
+}
+
+/// One entry of an operation's append-only trace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    /// `proposed`, `validated`, `claimed`, `sent`, `committed`, `acknowledged`, `replayed`, …
+    pub kind: String,
+    /// Milliseconds since the Unix epoch.
+    pub at: i64,
+    pub attempt: u64,
+    pub worker: String,
+    pub detail: Option<String>,
+}
+
+/// The stored state of an operation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperationSummary {
+    pub operation_key: String,
+    pub tool: String,
+    pub tool_version: String,
+    /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown`, `tombstone`.
+    pub record_status: String,
+    pub fingerprint: String,
+    /// The fencing token: grows on every takeover.
+    pub attempt: u64,
+    pub effect_reference: Option<String>,
+    pub job_id: Option<String>,
+    pub approved_by: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub expires_at: i64,
+}
+
+/// An operation: the record, its receipt, the outcome a poll gives, and its events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperationView {
+    #[serde(flatten)]
+    pub record: OperationSummary,
+    pub receipt: Option<ReceiptView>,
+    pub outcome: OutcomeView,
+    pub events: Vec<EventView>,
+}
+
+/// A page of operations, ordered by key.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperationList {
+    pub operations: Vec<OperationSummary>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown` (the
+    /// reconciliation queue) or `tombstone`.
+    pub status: Option<String>,
+    pub tool: Option<String>,
+    /// Only keys after this one (keyset pagination).
+    pub after: Option<String>,
+    /// At most this many (1 to 500, default 100).
+    pub limit: Option<usize>,
+}
+
+/// An operator's reconciliation of an `unknown` operation. With no body, the receipt is
+/// looked up now.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "resolution", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ReconcileRequest {
+    /// The effect happened: its reference and the result to replay.
+    Applied {
+        effect_reference: String,
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        result: Value,
+    },
+    /// The effect did not happen: the key may run again.
+    NotApplied,
+}
+
+/// Binds an approval to the exact call: the fingerprint the operator reviewed.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveRequest {
+    pub fingerprint: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DenyRequest {
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    state
+        .inner()
+        .tokens
+        .authenticate(headers)
+        .map_err(ApiError::unauthenticated)
+}
+
+fn operator(principal: &Principal) -> Result<(), ApiError> {
+    match principal.role {
+        Role::Operator => Ok(()),
+        Role::Agent => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "this action needs an operator token",
+        )),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::InvalidArguments, message)
+}
+
+/// Reads the body within the configured bound.
+async fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    let limit = state.inner().limits.body_bytes;
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        invalid(format!("the request body is larger than {limit} bytes"))
+            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+    })
+}
+
+/// Parses a body strictly: UTF-8, no duplicate member names, I-JSON numbers, bounded depth.
+fn parse_body(state: &AppState, bytes: &[u8]) -> Result<Value, ApiError> {
+    json::parse_with_depth(bytes, state.inner().limits.json_depth).map_err(|e| invalid(e.message))
+}
+
+/// An optional operator body: empty means none.
+fn optional_body<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    bytes: &[u8],
+) -> Result<Option<T>, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let value = parse_body(state, bytes)?;
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(|e| invalid(format!("request body: {}", strip_position(&e.to_string()))))
+}
+
+fn strip_position(message: &str) -> &str {
+    message.split(" at line ").next().unwrap_or(message)
+}
+
+/// The operation under `key` if it belongs to the caller's tenant and this environment;
+/// otherwise not found, exactly as a missing one.
+async fn own_record(
+    state: &AppState,
+    principal: &Principal,
+    key: &str,
+) -> Result<(OperationKey, Record), ApiError> {
+    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
+    if key.tenant() != principal.tenant || key.environment() != state.inner().environment {
+        return Err(ApiError::not_found());
+    }
+    match state.executor().store().get(&key).await {
+        Ok(Some(record)) => Ok((key, record)),
+        Ok(None) => Err(ApiError::not_found()),
+        Err(e) => Err(ApiError::store(&e)),
+    }
+}
+
+fn loaded_tool<'a>(state: &'a AppState, record: &Record) -> Result<&'a Tool, ApiError> {
+    state.tools().get(&record.tool).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "the tool {} of this operation is not loaded by this gateway",
+                record.tool
+            ),
+        )
+    })
+}
+
+fn summary(record: &Record) -> OperationSummary {
+    let job_id = match &record.state {
+        RecordState::Pending {
+            dispatch: idemgate_core::record::Dispatch::Job { job_id },
+            ..
+        } => Some(job_id.clone()),
+        RecordState::Unknown(evidence) => evidence.job_id.clone(),
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval
+        | RecordState::Applied(_)
+        | RecordState::FailedPermanent(_)
+        | RecordState::Tombstone(_) => None,
+    };
+    OperationSummary {
+        operation_key: record.key.to_string(),
+        tool: record.tool.clone(),
+        tool_version: record.tool_version.clone(),
+        record_status: record.status().as_str().to_string(),
+        fingerprint: record.fingerprint.as_str().to_string(),
+        attempt: record.fence,
+        effect_reference: record.effect_reference().map(str::to_string),
+        job_id,
+        approved_by: record.approved_by.clone(),
+        created_at: record.created_at,
+        updated_at: record.updated_at,
+        expires_at: record.expires_at,
+    }
+}
+
+fn event_view(e: Event) -> EventView {
+    EventView {
+        kind: e.kind.as_str().to_string(),
+        at: e.at,
+        attempt: e.attempt,
+        worker: e.worker,
+        detail: e.detail,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers.
+
+/// Invoke a tool: at most one effect per operation, and a labelled outcome.
+#[utoipa::path(
+    post,
+    path = "/v1/tools/{tool}/invoke",
+    tag = TAG,
+    params(
+        ("tool" = String, Path, description = "The tool's contract name, e.g. `tickets.create`.", example = "tickets.create"),
+        ("Idempotency-Key" = Option<String>, Header, description = "A structured-field string `\"<workflow_id>:<step_id>\"`, instead of the body's fields; a value without `:` names workflow_id = value, step_id = `-`."),
+        ("Prefer" = Option<String>, Header, description = "`wait=N`: wait up to N seconds for an in-flight operation to settle."),
+    ),
+    request_body(content = InvokeRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "applied, or replayed (`Idempotent-Replayed: true`)", body = OutcomeView),
+        (status = 202, description = "unknown (reconcile), or in flight awaiting approval", body = OutcomeView),
+        (status = 409, description = "in flight: poll after Retry-After", body = OutcomeView),
+        (status = 400, description = "invalid request, arguments or key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "authorization denied", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "unknown tool", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "the operation's record expired", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "key reused with a different request, or the downstream refused", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "store, downstream or authorization hook unavailable; nothing was sent", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn invoke(
+    State(state): State<AppState>,
+    Path(tool): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Answer, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    let Some(tool) = state.tools().get(&tool).cloned() else {
+        return Err(ApiError::new(
+            ErrorCode::UnknownTool,
+            "no tool of that name is loaded",
+        ));
+    };
+    let limits = state.inner().limits;
+    let header_key = headers::idempotency_key(&headers, limits.key_part_bytes)
+        .map_err(|m| ApiError::new(ErrorCode::InvalidOperationKey, m))?;
+    let bytes = read_body(&state, body).await?;
+    let envelope = parse_body(&state, &bytes)?;
+    let Value::Object(mut members) = envelope else {
+        return Err(invalid(
+            "the request body must be an object: {\"workflow_id\", \"step_id\", \"arguments\"}",
+        ));
+    };
+    let step = step_of(&mut members, limits.key_part_bytes)?;
+    let arguments = members
+        .remove("arguments")
+        .ok_or_else(|| invalid("the request body needs `arguments`"))?;
+    if let Some(name) = members.keys().next() {
+        let shown: String = name.chars().take(64).collect();
+        return Err(invalid(format!(
+            "the request body has an unknown member `{}`; it takes workflow_id, step_id and arguments",
+            shown.escape_default()
+        )));
+    }
+    let step = match (step, header_key) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidOperationKey,
+                "name the operation once: the Idempotency-Key header or the body's workflow_id and step_id",
+            ));
+        }
+        (Some(s), None) | (None, Some(s)) => Some(s),
+        (None, None) => None,
+    };
+    let operation = Operation {
+        caller: Caller {
+            tenant: principal.tenant.clone(),
+            actor: principal.name.clone(),
+            role: principal.role.as_str().to_string(),
+        },
+        environment: state.inner().environment.clone(),
+        workflow_id: step.as_ref().map(|s| s.workflow_id.clone()),
+        step_id: step.map(|s| s.step_id),
+    };
+    let executor = state.executor();
+    let outcome = match headers::prefer_wait(&headers, limits.max_wait_seconds) {
+        Some(seconds) if seconds > 0 => {
+            executor
+                .execute_waiting(
+                    &tool.contract,
+                    &operation,
+                    &arguments,
+                    tool.downstream.as_ref(),
+                    Duration::from_secs(seconds),
+                )
+                .await
+        }
+        _ => {
+            executor
+                .execute(
+                    &tool.contract,
+                    &operation,
+                    &arguments,
+                    tool.downstream.as_ref(),
+                )
+                .await
+        }
+    };
+    Ok(Answer(outcome))
+}
+
+/// `workflow_id` and `step_id` from the body: both or neither, strings, bounded.
+fn step_of(members: &mut Map<String, Value>, max: usize) -> Result<Option<StepKey>, ApiError> {
+    let bad_key = |m: String| ApiError::new(ErrorCode::InvalidOperationKey, m);
+    let mut part = |name: &str| -> Result<Option<String>, ApiError> {
+        match members.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => {
+                headers::check_part(name, &s, max).map_err(bad_key)?;
+                Ok(Some(s))
+            }
+            Some(_) => Err(bad_key(format!("{name} must be a string"))),
+        }
+    };
+    let workflow_id = part("workflow_id")?;
+    let step_id = part("step_id")?;
+    match (workflow_id, step_id) {
+        (Some(workflow_id), Some(step_id)) => Ok(Some(StepKey {
+            workflow_id,
+            step_id,
+        })),
+        (None, None) => Ok(None),
+        _ => Err(bad_key(
+            "name both workflow_id and step_id, or neither".into(),
+        )),
+    }
+}
+
+/// An operation: record, receipt, the outcome a poll gives, and events. Polling advances an
+/// accepted job; it never performs a new effect. Another tenant's key answers 404, exactly as
+/// a missing one.
+#[utoipa::path(
+    get,
+    path = "/v1/operations/{operation_key}",
+    tag = TAG,
+    params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
+    responses(
+        (status = 200, description = "the operation; `Idempotency-Outcome` says its outcome", body = OperationView),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such operation for this tenant", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_operation(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    let (key, record) = own_record(&state, &principal, &key).await?;
+    let tool = state.tools().get(&record.tool);
+    let executor = state.executor();
+    let (record, outcome) = match executor
+        .status(
+            tool.map(|t| t.contract.as_ref()),
+            &key,
+            tool.map(|t| t.downstream.as_ref()),
+        )
+        .await
+    {
+        Ok(Some(found)) => found,
+        Ok(None) => return Err(ApiError::not_found()),
+        Err(e) => return Err(ApiError::store(&e)),
+    };
+    let events = executor
+        .store()
+        .events(&key)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    let receipt = match &record.state {
+        RecordState::Applied(r) => Some(ReceiptView {
+            reference: r.reference.clone(),
+            result: r.result.clone(),
+        }),
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval
+        | RecordState::FailedPermanent(_)
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => None,
+    };
+    let view = OperationView {
+        record: summary(&record),
+        receipt,
+        outcome: OutcomeView::from(&outcome),
+        events: events.into_iter().map(event_view).collect(),
+    };
+    Ok(WithOutcome(outcome.status, view).into_response())
+}
+
+/// List the tenant's operations (operator). `status=unknown` is the reconciliation queue.
+#[utoipa::path(
+    get,
+    path = "/v1/operations",
+    tag = TAG,
+    params(ListQuery),
+    responses(
+        (status = 200, description = "a page of operations, ordered by key", body = OperationList),
+        (status = 400, description = "invalid filter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "not an operator", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_operations(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<axum::Json<OperationList>, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    operator(&principal)?;
+    let Query(query) = query.map_err(|e| invalid(format!("query: {}", e.body_text())))?;
+    let status = match query.status.as_deref() {
+        None => None,
+        Some(text) => Some(RecordStatus::parse(text).ok_or_else(|| {
+            invalid("status is one of pending, awaiting_approval, applied, failed_permanent, unknown, tombstone")
+        })?),
+    };
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(invalid("limit is between 1 and 500"));
+    }
+    let filter = Filter {
+        tenant: Some(principal.tenant.clone()),
+        status,
+        tool: query.tool,
+        after: query.after,
+        limit,
+    };
+    let records = state
+        .executor()
+        .store()
+        .list(filter)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    let next_after = (records.len() == limit)
+        .then(|| records.last().map(|r| r.key.to_string()))
+        .flatten();
+    Ok(axum::Json(OperationList {
+        operations: records.iter().map(summary).collect(),
+        next_after,
+    }))
+}
+
+/// Reconcile an `unknown` operation (operator). No body: look the receipt up now. A body
+/// records the operator's resolution, with the operator as actor.
+#[utoipa::path(
+    post,
+    path = "/v1/operations/{operation_key}/reconcile",
+    tag = TAG,
+    params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
+    request_body(content = Option<ReconcileRequest>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "settled as applied (replayed from now on)", body = OutcomeView),
+        (status = 202, description = "still unknown (no receipt yet)", body = OutcomeView),
+        (status = 409, description = "not applied: the key may run again", body = OutcomeView),
+        (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "not an operator", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such operation", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "the operation is not unknown, or has no receipt lookup", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn reconcile(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Answer, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    operator(&principal)?;
+    let bytes = read_body(&state, body).await?;
+    let resolution = optional_body::<ReconcileRequest>(&state, &bytes)?.map(|r| match r {
+        ReconcileRequest::Applied {
+            effect_reference,
+            result,
+        } => Resolution::Applied {
+            reference: effect_reference,
+            result,
+        },
+        ReconcileRequest::NotApplied => Resolution::NotApplied,
+    });
+    if let Some(Resolution::Applied { reference, .. }) = &resolution
+        && reference.trim().is_empty()
+    {
+        return Err(invalid("effect_reference is empty"));
+    }
+    let (key, record) = own_record(&state, &principal, &key).await?;
+    let tool = loaded_tool(&state, &record)?;
+    state
+        .executor()
+        .reconcile(
+            &tool.contract,
+            &key,
+            resolution,
+            &principal.name,
+            tool.downstream.as_ref(),
+        )
+        .await
+        .map(Answer)
+        .map_err(ApiError::action)
+}
+
+/// Approve an operation awaiting approval (operator): the effect then runs, with the original
+/// caller's authorization rechecked. Single-use; bound to the fingerprint when one is given.
+#[utoipa::path(
+    post,
+    path = "/v1/operations/{operation_key}/approve",
+    tag = TAG,
+    params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
+    request_body(content = Option<ApproveRequest>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "approved and applied", body = OutcomeView),
+        (status = 202, description = "approved; the outcome is unknown", body = OutcomeView),
+        (status = 409, description = "approved; in flight", body = OutcomeView),
+        (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "not an operator, or authorization denied", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such operation", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "not awaiting approval, or a different request", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn approve(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Answer, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    operator(&principal)?;
+    let bytes = read_body(&state, body).await?;
+    let request = optional_body::<ApproveRequest>(&state, &bytes)?.unwrap_or_default();
+    let expected = match request.fingerprint {
+        Some(text) => Some(
+            Fingerprint::parse(&text)
+                .map_err(|_| invalid("fingerprint is `sha256:` and 64 hex digits"))?,
+        ),
+        None => None,
+    };
+    let (key, record) = own_record(&state, &principal, &key).await?;
+    let tool = loaded_tool(&state, &record)?;
+    state
+        .executor()
+        .approve(
+            &tool.contract,
+            &key,
+            &principal.name,
+            expected.as_ref(),
+            tool.downstream.as_ref(),
+        )
+        .await
+        .map(Answer)
+        .map_err(ApiError::action)
+}
+
+/// Deny an operation awaiting approval (operator): every later delivery replays the refusal.
+#[utoipa::path(
+    post,
+    path = "/v1/operations/{operation_key}/deny",
+    tag = TAG,
+    params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
+    request_body(content = Option<DenyRequest>, content_type = "application/json"),
+    responses(
+        (status = 403, description = "denied (the refusal, as every later delivery sees it), or not an operator", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such operation", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "not awaiting approval", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn deny(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Answer, ApiError> {
+    let principal = authenticate(&state, &headers)?;
+    operator(&principal)?;
+    let bytes = read_body(&state, body).await?;
+    let request = optional_body::<DenyRequest>(&state, &bytes)?.unwrap_or_default();
+    let reason = request.reason.unwrap_or_else(|| "no reason given".into());
+    let reason: String = reason.chars().take(500).collect();
+    let (key, _record) = own_record(&state, &principal, &key).await?;
+    state
+        .executor()
+        .deny(&key, &principal.name, &reason)
+        .await
+        .map(Answer)
+        .map_err(ApiError::action)
+}
+
+/// Liveness and store reachability.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = TAG,
+    responses(
+        (status = 200, description = "serving", body = Health),
+        (status = 503, description = "the store is unreachable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn healthz(State(state): State<AppState>) -> Result<axum::Json<Health>, ApiError> {
+    let probe = OperationKey::new("-", "-", "healthz", "-").expect("a valid key");
+    state
+        .executor()
+        .store()
+        .get(&probe)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    Ok(axum::Json(Health {
+        status: "ok".into(),
+    }))
+}
+
+/// Prometheus metrics.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = TAG,
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    crate::metrics::refresh_unknown_queue(state.executor().store().as_ref()).await;
+    let text = crate::metrics::handle()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    let mut r = text.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// Unknown paths answer a problem, like every other refusal.
+pub async fn fallback() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such resource")
+}

@@ -1,0 +1,120 @@
+//! idemgate's HTTP gateway: API v1 over the executor.
+//!
+//! Reading order:
+//!
+//! - [`config::Config`] — the TOML configuration (listen address, environment, store URL,
+//!   contracts, tenants and token hashes, limits, recovery intervals), or the development
+//!   defaults.
+//! - [`auth::Tokens`] — bearer tokens by SHA-256, compared in constant time, each mapping to a
+//!   tenant, a holder and a [`auth::Role`].
+//! - [`tools::ToolSet`] — the loaded contracts, each with its `Downstream` and authorization
+//!   hook from an [`tools::Effects`] factory; [`sandbox`] is the in-process one.
+//! - [`state::Gateway`] builds the [`state::AppState`]: the executor over a metered store.
+//! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
+//! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
+//!   RFC 9457 problems.
+//! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
+//!   server loop, which takes its shutdown as a parameter.
+//! - [`serve`] — `idemgate serve`: configuration, store, recoverer, signals.
+//!
+//! **Only this crate knows HTTP shapes.** Every effect still passes through the executor.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod console;
+pub mod headers;
+pub mod metrics;
+pub mod sandbox;
+pub mod serve;
+pub mod state;
+pub mod tools;
+pub mod wire;
+
+use std::future::Future;
+
+use axum::Router;
+use axum::routing::get;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use serve::{ServeArgs, serve};
+pub use state::{AppState, Gateway};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "idemgate",
+        description = "Makes side-effecting tools safe to retry for AI agents: one effect per operation key, a kept receipt, and a labelled outcome (applied, replayed, in_flight, rejected, unknown).",
+    ),
+    modifiers(&Bearer),
+    tags((name = api::TAG, description = "API v1"))
+)]
+struct ApiDoc;
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API's routes and the OpenAPI document generated from them.
+fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(api::invoke))
+        .routes(routes!(api::list_operations))
+        .routes(routes!(api::get_operation))
+        .routes(routes!(api::reconcile))
+        .routes(routes!(api::approve))
+        .routes(routes!(api::deny))
+        .routes(routes!(api::healthz))
+        .routes(routes!(api::metrics))
+        .split_for_parts()
+}
+
+/// The OpenAPI 3.1 document of API v1.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().1
+}
+
+/// The gateway's router: API v1, `/openapi.json`, `/console`.
+pub fn router(state: AppState) -> Router {
+    let (routes, doc) = api();
+    let doc = std::sync::Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        doc.as_str().to_owned(),
+                    )
+                }
+            }),
+        )
+        .route("/console", get(console::page))
+        .fallback(api::fallback)
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` completes, then stops accepting and lets the
+/// requests in flight finish (a drain) before returning.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

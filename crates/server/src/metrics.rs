@@ -1,0 +1,220 @@
+//! Prometheus metrics: outcomes by tool and status, claim and effect latency histograms, the
+//! reconciliation queue's depth, lease takeovers and recoveries.
+//!
+//! Outcomes are counted by an [`Observer`] (replays and rejections write nothing, so the
+//! store cannot see them); latencies, takeovers and recoveries by thin wrappers around the
+//! store and each downstream, which see every claim, transition and effect.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::Outcome;
+use idemgate_core::record::{Event, EventKind, Millis, Record, RecordStatus};
+use idemgate_core::store::{self, BoxFuture, Cas, Claimed, Filter, Store, SweepReport, Transition};
+use idemgate_engine::Observer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const OUTCOMES: &str = "idemgate_outcomes_total";
+pub const CLAIM_SECONDS: &str = "idemgate_claim_duration_seconds";
+pub const EFFECT_SECONDS: &str = "idemgate_effect_duration_seconds";
+pub const UNKNOWN_QUEUE: &str = "idemgate_unknown_operations";
+pub const TAKEOVERS: &str = "idemgate_lease_takeovers_total";
+pub const RECOVERIES: &str = "idemgate_recoveries_total";
+
+/// Seconds: from a fast local claim to a slow downstream.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's Prometheus recorder, installed on first use. Metrics are process-wide: several
+/// gateways in one process (tests) share them. `None` when another recorder was installed
+/// first.
+pub fn handle() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new().set_buckets(BUCKETS).ok()?;
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok()?;
+            metrics::describe_counter!(OUTCOMES, "Deliveries by tool and outcome status.");
+            metrics::describe_histogram!(
+                CLAIM_SECONDS,
+                metrics::Unit::Seconds,
+                "Atomic claim-or-load in the store."
+            );
+            metrics::describe_histogram!(
+                EFFECT_SECONDS,
+                metrics::Unit::Seconds,
+                "Downstream effect calls, by tool."
+            );
+            metrics::describe_gauge!(
+                UNKNOWN_QUEUE,
+                "Operations in `unknown`: the reconciliation queue."
+            );
+            metrics::describe_counter!(
+                TAKEOVERS,
+                "Expired leases taken over with compare-and-set."
+            );
+            metrics::describe_counter!(
+                RECOVERIES,
+                "Pending records recovered (receipt found or claim taken over)."
+            );
+            Some(handle)
+        })
+        .clone()
+}
+
+/// Counts every delivery's outcome.
+#[derive(Debug, Default)]
+pub struct OutcomeCounter;
+
+impl Observer for OutcomeCounter {
+    fn delivery(&self, tool: &str, _fingerprint: Option<&Fingerprint>, outcome: &Outcome) {
+        metrics::counter!(
+            OUTCOMES,
+            "tool" => tool.to_string(),
+            "status" => outcome.status.as_str(),
+            "code" => outcome.error_code().map(|c| c.as_str()).unwrap_or(""),
+        )
+        .increment(1);
+    }
+}
+
+/// Sets the reconciliation-queue gauge from the store (called when `/metrics` is scraped).
+pub async fn refresh_unknown_queue(store: &dyn Store) {
+    let filter = Filter {
+        tenant: None,
+        status: Some(RecordStatus::Unknown),
+        tool: None,
+        after: None,
+        limit: 10_000,
+    };
+    match store.list(filter).await {
+        Ok(records) => metrics::gauge!(UNKNOWN_QUEUE).set(records.len() as f64),
+        Err(e) => tracing::warn!(error = %e, "could not count the reconciliation queue"),
+    }
+}
+
+/// A store that times claims and counts takeovers and recoveries.
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn Store>) -> MeteredStore {
+        MeteredStore { inner }
+    }
+}
+
+impl Store for MeteredStore {
+    fn get<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
+        self.inner.get(key)
+    }
+    fn claim(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let answer = self.inner.claim(record, events).await;
+            metrics::histogram!(CLAIM_SECONDS).record(started.elapsed().as_secs_f64());
+            answer
+        })
+    }
+    fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
+        Box::pin(async move {
+            let takeover = transition.expect.lease_expired_by.is_some();
+            let recovered = transition
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::Recovered)
+                .count();
+            let answer = self.inner.transition(transition).await;
+            if let Ok(Cas::Done(_)) = &answer {
+                if takeover {
+                    metrics::counter!(TAKEOVERS).increment(1);
+                }
+                metrics::counter!(RECOVERIES).increment(recovered as u64);
+            }
+            answer
+        })
+    }
+    fn append_events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+        events: Vec<Event>,
+    ) -> BoxFuture<'a, Result<(), store::Error>> {
+        self.inner.append_events(key, events)
+    }
+    fn events<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Vec<Event>, store::Error>> {
+        self.inner.events(key)
+    }
+    fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        self.inner.list(filter)
+    }
+    fn recoverable(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        self.inner.recoverable(now, limit)
+    }
+    fn find_fingerprint<'a>(
+        &'a self,
+        tenant: &'a str,
+        tool: &'a str,
+        fingerprint: &'a Fingerprint,
+        since: Millis,
+    ) -> BoxFuture<'a, Result<Option<OperationKey>, store::Error>> {
+        self.inner
+            .find_fingerprint(tenant, tool, fingerprint, since)
+    }
+    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, store::Error>> {
+        self.inner.sweep(now, limit)
+    }
+}
+
+/// A downstream whose effect calls are timed, by tool.
+pub struct TimedDownstream {
+    tool: String,
+    inner: Arc<dyn Downstream>,
+}
+
+impl TimedDownstream {
+    pub fn wrap(tool: &str, inner: Arc<dyn Downstream>) -> Arc<dyn Downstream> {
+        Arc::new(TimedDownstream {
+            tool: tool.to_string(),
+            inner,
+        })
+    }
+}
+
+impl Downstream for TimedDownstream {
+    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let answer = self.inner.perform(request).await;
+            metrics::histogram!(EFFECT_SECONDS, "tool" => self.tool.clone())
+                .record(started.elapsed().as_secs_f64());
+            answer
+        })
+    }
+    fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        self.inner.lookup_receipt(key)
+    }
+    fn poll_job<'a>(&'a self, key: &'a OperationKey, job_id: &'a str) -> BoxFuture<'a, JobStatus> {
+        self.inner.poll_job(key, job_id)
+    }
+}

@@ -1,0 +1,240 @@
+//! `idemgate serve`: read the configuration (or take the development defaults), open the
+//! store, load the contracts, start the recoverer and the retention sweeper, and serve until
+//! Ctrl-C or SIGTERM — then stop accepting, finish the requests in flight, and stop the
+//! background work. Nothing is released on the way out: a claim whose effect may have been
+//! sent stays for recovery.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::store::Store;
+
+use crate::auth::{Principal, Role, Tokens, generate_token};
+use crate::config::{Config, Loaded};
+use crate::sandbox::SandboxEffects;
+use crate::state::Gateway;
+use crate::tools::{self, Effects, HttpEffects, ToolSet};
+
+/// Flags of `idemgate serve`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML). Without one: SQLite in the working directory, the
+    /// example contracts, the sandbox downstream and development tokens printed at start.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Listen on this address instead of the configured one (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
+    #[error("contracts: {0}")]
+    Contracts(String),
+    #[error("store {url}: {message}")]
+    Store { url: String, message: String },
+    #[error("listening on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Opens a store from its URL: `sqlite://PATH` or `postgres://…`.
+pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
+    let fail = |message: String| Error::Store {
+        url: redact(url),
+        message,
+    };
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(fail("names no file; write sqlite://PATH".into()));
+        }
+        let store = idemgate_store_sqlite::SqliteStore::open(path, Default::default())
+            .map_err(|e| fail(e.to_string()))?;
+        return Ok(Arc::new(store));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = idemgate_store_postgres::PgStore::connect(url, Default::default())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        return Ok(Arc::new(store));
+    }
+    Err(fail("must start with sqlite:// or postgres://".into()))
+}
+
+/// A store URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Picks how tools perform their effects.
+fn effects(config: &Config) -> Box<dyn Effects> {
+    if config.sandbox {
+        Box::new(SandboxEffects)
+    } else {
+        Box::new(HttpEffects)
+    }
+}
+
+/// Ctrl-C or SIGTERM, whichever comes first.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Runs `idemgate serve` until a shutdown signal, then drains.
+pub async fn serve(args: ServeArgs) -> Result<(), Error> {
+    let Loaded {
+        mut config,
+        base,
+        development,
+    } = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Loaded {
+            config: Config::development(),
+            base: PathBuf::from("."),
+            development: true,
+        },
+    };
+    if let Some(addr) = args.listen {
+        config.listen = addr;
+    }
+    if let Some(var) = &config.encryption_key_env {
+        return Err(Error::Unsupported(format!(
+            "encryption_key_env = {var:?}: encryption of stored results at rest is not implemented yet; \
+             remove the setting to store results unencrypted"
+        )));
+    }
+
+    let files = tools::expand(&config.contracts, &base).map_err(Error::Contracts)?;
+    let contracts = if files.is_empty() && development {
+        eprintln!("idemgate: no contracts/*.yaml here; using the embedded example contracts");
+        tools::example_contracts().map_err(Error::Contracts)?
+    } else if files.is_empty() {
+        return Err(Error::Contracts(format!(
+            "no contract file matches {:?}",
+            config.contracts
+        )));
+    } else {
+        tools::load_files(&files).map_err(Error::Contracts)?
+    };
+    let tools = ToolSet::build(contracts, effects(&config).as_ref()).map_err(Error::Contracts)?;
+
+    let mut tokens = Tokens::from_config(&config.tenants);
+    let mut dev_tokens = Vec::new();
+    if development {
+        for role in [Role::Agent, Role::Operator] {
+            let token = generate_token();
+            tokens.add(
+                &token,
+                Principal {
+                    tenant: "dev".into(),
+                    name: format!("dev-{role}"),
+                    role,
+                },
+            );
+            dev_tokens.push((role, token));
+        }
+    } else if tokens.is_empty() {
+        eprintln!("idemgate: warning: no tenant has a token; every API request will be refused");
+    }
+
+    let store = open_store(&config.store).await?;
+    let state = Gateway::new(store, tools, tokens)
+        .environment(config.environment.clone())
+        .limits(config.limits)
+        .build();
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(Error::Serve)?;
+
+    println!("idemgate listening on http://{addr}");
+    println!(
+        "  environment {}, store {}, tools: {}",
+        config.environment,
+        redact(&config.store),
+        state.tools().names().collect::<Vec<_>>().join(", ")
+    );
+    if config.sandbox {
+        println!("  effects go to the in-process sandbox: they are not real");
+    }
+    for (role, token) in &dev_tokens {
+        println!("  development {role} token for tenant dev: {token}");
+    }
+
+    // The recoverer and the sweeper stop when the server has drained.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let recovery = config.recovery;
+    let recoverer = state.recoverer().run(
+        Duration::from_secs(recovery.interval_seconds),
+        Duration::from_secs(recovery.sweep_interval_seconds),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    );
+    let background = tokio::spawn(recoverer);
+
+    let served = crate::run(listener, state, async {
+        shutdown_signal().await;
+        println!("idemgate: shutting down; finishing requests in flight");
+    })
+    .await;
+    let _ = stop.send(true);
+    let _ = background.await;
+    served.map_err(Error::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
+    }
+}

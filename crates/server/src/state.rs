@@ -1,0 +1,116 @@
+//! The gateway's shared state and how it is assembled.
+
+use std::sync::Arc;
+
+use idemgate_core::clock::{Clock, SystemClock};
+use idemgate_core::store::Store;
+use idemgate_engine::{Executor, Recoverer, Settings};
+
+use crate::auth::Tokens;
+use crate::config::Limits;
+use crate::metrics::{MeteredStore, OutcomeCounter, TimedDownstream};
+use crate::tools::{Dispatch, ToolSet};
+
+/// Everything a handler needs. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub executor: Executor,
+    pub tools: Arc<ToolSet>,
+    pub tokens: Tokens,
+    pub environment: String,
+    pub limits: Limits,
+}
+
+/// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
+/// environment name, limits and executor settings.
+pub struct Gateway {
+    store: Arc<dyn Store>,
+    tools: ToolSet,
+    tokens: Tokens,
+    clock: Arc<dyn Clock>,
+    environment: String,
+    limits: Limits,
+    settings: Settings,
+}
+
+impl Gateway {
+    pub fn new(store: Arc<dyn Store>, tools: ToolSet, tokens: Tokens) -> Gateway {
+        Gateway {
+            store,
+            tools,
+            tokens,
+            clock: Arc::new(SystemClock),
+            environment: "development".into(),
+            limits: Limits::default(),
+            settings: Settings::default(),
+        }
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Gateway {
+        self.clock = clock;
+        self
+    }
+
+    pub fn environment(mut self, environment: impl Into<String>) -> Gateway {
+        self.environment = environment.into();
+        self
+    }
+
+    pub fn limits(mut self, limits: Limits) -> Gateway {
+        self.limits = limits;
+        self
+    }
+
+    pub fn settings(mut self, settings: Settings) -> Gateway {
+        self.settings = settings;
+        self
+    }
+
+    /// Wraps the store and every downstream for metrics, and builds the executor whose
+    /// authorizer dispatches to each tool's hook.
+    pub fn build(self) -> AppState {
+        // Install the recorder before the first metric is touched.
+        let _ = crate::metrics::handle();
+        let store: Arc<dyn Store> = Arc::new(MeteredStore::new(self.store));
+        let tools = Arc::new(self.tools.map_downstreams(TimedDownstream::wrap));
+        let executor = Executor::new(
+            store,
+            self.clock,
+            Arc::new(Dispatch::new(tools.clone())),
+            self.settings,
+        )
+        .with_observer(Arc::new(OutcomeCounter));
+        AppState {
+            inner: Arc::new(Inner {
+                executor,
+                tools,
+                tokens: self.tokens,
+                environment: self.environment,
+                limits: self.limits,
+            }),
+        }
+    }
+}
+
+impl AppState {
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.inner.executor
+    }
+
+    pub fn tools(&self) -> &Arc<ToolSet> {
+        &self.inner.tools
+    }
+
+    /// The background recoverer over this gateway's executor and tools.
+    pub fn recoverer(&self) -> Recoverer {
+        Recoverer::new(self.inner.executor.clone(), self.inner.tools.clone())
+    }
+}

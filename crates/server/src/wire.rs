@@ -1,0 +1,473 @@
+//! The wire: how outcomes and errors become HTTP answers. **This is the one place that maps
+//! them**; handlers return an [`Answer`] or an [`ApiError`] and never pick a status code.
+//!
+//! | outcome | HTTP |
+//! |---|---|
+//! | applied | 200 |
+//! | replayed | 200, `Idempotent-Replayed: true` |
+//! | in_flight | 409 with `Retry-After`; 202 while it awaits approval |
+//! | rejected | `application/problem+json` (RFC 9457), status by error code (below) |
+//! | unknown | 202 |
+//!
+//! Every outcome answer carries `Idempotency-Outcome: <status>`. Internal detail (store
+//! errors, panics' context) goes to the log, never into an answer.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
+use idemgate_core::store;
+use idemgate_engine::ActionError;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::auth::AuthError;
+
+pub const IDEMPOTENCY_OUTCOME: HeaderName = HeaderName::from_static("idempotency-outcome");
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const PROBLEM_JSON: &str = "application/problem+json";
+/// Problem types are URNs: stable, distinct per error code, and not a web address that could
+/// stop resolving.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:idemgate:problem:";
+
+/// What happened to a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeStatus {
+    Applied,
+    Replayed,
+    InFlight,
+    Rejected,
+    Unknown,
+}
+
+/// What the caller should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NextActionView {
+    None,
+    Poll,
+    Reconcile,
+    AskForApproval,
+    InspectOperation,
+}
+
+/// A stable snake_case error code (`invalid_arguments`, `missing_operation_key`,
+/// `idempotency_key_reused_with_different_request`, `unauthorized`, `forbidden`,
+/// `approval_denied`, `expired_operation`, `downstream_rejected`, `outcome_unknown`, …) and a
+/// message that never echoes the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorView {
+    pub code: String,
+    pub message: String,
+}
+
+/// The labelled answer of every face. Every field is always present (null when it does not
+/// apply).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct OutcomeView {
+    pub status: OutcomeStatus,
+    /// `tenant:environment:workflow_id:step_id`.
+    pub operation_key: Option<String>,
+    /// The downstream's receipt: ticket id, provider request id, job id.
+    pub effect_reference: Option<String>,
+    /// May this business action be attempted again without risking a second effect?
+    pub safe_to_repeat: bool,
+    pub next_action: NextActionView,
+    pub retry_after_seconds: Option<u64>,
+    /// The replay-safe result stored with the receipt.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    pub error: Option<ErrorView>,
+}
+
+/// A rejection as an RFC 9457 problem, with the outcome's fields as members. `status` is the
+/// HTTP status (RFC 9457); the outcome's own status is `outcome` and is always `rejected`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Problem {
+    /// `urn:idemgate:problem:<error code>`.
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    pub outcome: OutcomeStatus,
+    pub operation_key: Option<String>,
+    pub effect_reference: Option<String>,
+    pub safe_to_repeat: bool,
+    pub next_action: NextActionView,
+    pub retry_after_seconds: Option<u64>,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    pub error: Option<ErrorView>,
+}
+
+impl From<&Outcome> for OutcomeView {
+    fn from(o: &Outcome) -> OutcomeView {
+        OutcomeView {
+            status: match o.status {
+                Status::Applied => OutcomeStatus::Applied,
+                Status::Replayed => OutcomeStatus::Replayed,
+                Status::InFlight => OutcomeStatus::InFlight,
+                Status::Rejected => OutcomeStatus::Rejected,
+                Status::Unknown => OutcomeStatus::Unknown,
+            },
+            operation_key: o.operation_key.as_ref().map(|k| k.to_string()),
+            effect_reference: o.effect_reference.clone(),
+            safe_to_repeat: o.safe_to_repeat,
+            next_action: match o.next_action {
+                NextAction::None => NextActionView::None,
+                NextAction::Poll => NextActionView::Poll,
+                NextAction::Reconcile => NextActionView::Reconcile,
+                NextAction::AskForApproval => NextActionView::AskForApproval,
+                NextAction::InspectOperation => NextActionView::InspectOperation,
+            },
+            retry_after_seconds: o.retry_after_seconds,
+            result: o.result.clone(),
+            error: o.error.as_ref().map(|e| ErrorView {
+                code: e.code.as_str().to_string(),
+                message: e.message.clone(),
+            }),
+        }
+    }
+}
+
+/// The HTTP status of a rejection with this code.
+pub fn rejection_status(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidArguments
+        | ErrorCode::MissingOperationKey
+        | ErrorCode::InvalidOperationKey
+        | ErrorCode::EffectClassRefused => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden | ErrorCode::ApprovalDenied => StatusCode::FORBIDDEN,
+        ErrorCode::UnknownTool | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::ExpiredOperation => StatusCode::GONE,
+        ErrorCode::IdempotencyKeyReusedWithDifferentRequest
+        | ErrorCode::PossibleDuplicateIntent
+        | ErrorCode::DownstreamRejected
+        | ErrorCode::PreconditionFailed
+        | ErrorCode::Conflict
+        | ErrorCode::OutcomeUnknown => StatusCode::UNPROCESSABLE_ENTITY,
+        // Nothing was sent and the obstacle is transient: the same request may succeed later.
+        ErrorCode::AuthorizationUnavailable
+        | ErrorCode::DownstreamUnavailable
+        | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+        // `ErrorCode` is non-exhaustive: a code added later is a refusal until mapped here.
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// The HTTP status of an outcome.
+pub fn outcome_status(o: &Outcome) -> StatusCode {
+    match o.status {
+        Status::Applied | Status::Replayed => StatusCode::OK,
+        Status::InFlight if o.next_action == NextAction::AskForApproval => StatusCode::ACCEPTED,
+        // 409 only for the transient case: common clients retry it after Retry-After.
+        Status::InFlight => StatusCode::CONFLICT,
+        Status::Unknown => StatusCode::ACCEPTED,
+        Status::Rejected => rejection_status(o.error_code().unwrap_or(ErrorCode::InternalError)),
+    }
+}
+
+fn title(code: &str) -> String {
+    let text = code.replace('_', " ");
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+/// The headers every outcome answer carries.
+fn outcome_headers(o: &Outcome, headers: &mut HeaderMap) {
+    headers.insert(
+        IDEMPOTENCY_OUTCOME,
+        HeaderValue::from_static(o.status.as_str()),
+    );
+    if o.status == Status::Replayed {
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    if let Some(seconds) = o.retry_after_seconds {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+fn json_body(status: StatusCode, content_type: &'static str, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => {
+            let mut r = (status, bytes).into_response();
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            r
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "an answer could not be serialised");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Renders an outcome with its status code and headers; `status` overrides the code of a
+/// rejection (413 for an oversized body).
+fn respond(o: &Outcome, status: Option<StatusCode>) -> Response {
+    let status = status.unwrap_or_else(|| outcome_status(o));
+    let mut response = if o.status == Status::Rejected {
+        let code = o.error_code().unwrap_or(ErrorCode::InternalError).as_str();
+        let view = OutcomeView::from(o);
+        let problem = Problem {
+            problem_type: format!("{PROBLEM_TYPE_PREFIX}{code}"),
+            title: title(code),
+            status: status.as_u16(),
+            detail: o
+                .error
+                .as_ref()
+                .map(|e| e.message.clone())
+                .unwrap_or_default(),
+            outcome: view.status,
+            operation_key: view.operation_key,
+            effect_reference: view.effect_reference,
+            safe_to_repeat: view.safe_to_repeat,
+            next_action: view.next_action,
+            retry_after_seconds: view.retry_after_seconds,
+            result: view.result,
+            error: view.error,
+        };
+        json_body(status, PROBLEM_JSON, &problem)
+    } else {
+        json_body(status, "application/json", &OutcomeView::from(o))
+    };
+    outcome_headers(o, response.headers_mut());
+    response
+}
+
+/// An outcome as an answer.
+#[derive(Debug, Clone)]
+pub struct Answer(pub Outcome);
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        respond(&self.0, None)
+    }
+}
+
+/// A JSON body that also carries an outcome's header (the operation view).
+pub struct WithOutcome<T>(pub Status, pub T);
+
+impl<T: Serialize> IntoResponse for WithOutcome<T> {
+    fn into_response(self) -> Response {
+        let mut r = json_body(StatusCode::OK, "application/json", &self.1);
+        r.headers_mut().insert(
+            IDEMPOTENCY_OUTCOME,
+            HeaderValue::from_static(self.0.as_str()),
+        );
+        r.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r
+    }
+}
+
+/// Every refusal the gateway answers itself, before or around the executor. Boxed: it travels
+/// in every handler's `Result`.
+#[derive(Debug, Clone)]
+pub struct ApiError(Box<Refusal>);
+
+#[derive(Debug, Clone)]
+struct Refusal {
+    outcome: Outcome,
+    status: Option<StatusCode>,
+    challenge: bool,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError(Box::new(Refusal {
+            outcome: Outcome::rejected(None, code, message),
+            status: None,
+            challenge: false,
+        }))
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.0.status = Some(status);
+        self
+    }
+
+    pub fn outcome(&self) -> &Outcome {
+        &self.0.outcome
+    }
+
+    pub fn unauthenticated(e: AuthError) -> ApiError {
+        let message = match e {
+            AuthError::Missing => "send `Authorization: Bearer <token>`",
+            AuthError::Invalid => "the bearer token is not accepted",
+        };
+        let mut error = ApiError::new(ErrorCode::Unauthorized, message);
+        error.0.challenge = true;
+        error
+    }
+
+    pub fn not_found() -> ApiError {
+        ApiError::new(ErrorCode::NotFound, "no such operation")
+    }
+
+    /// A failure whose detail stays in the log.
+    pub fn internal(what: &str, detail: &dyn std::fmt::Display) -> ApiError {
+        tracing::error!(error = %detail, "{what}");
+        ApiError::new(
+            ErrorCode::InternalError,
+            "internal error; the gateway's log has the detail",
+        )
+    }
+
+    pub fn store(e: &store::Error) -> ApiError {
+        tracing::warn!(error = %e, "store error");
+        let mut error = ApiError::new(
+            ErrorCode::StoreUnavailable,
+            "the operation store is unavailable; retry later",
+        );
+        error.0.outcome.retry_after_seconds = Some(1);
+        error
+    }
+
+    pub fn action(e: ActionError) -> ApiError {
+        match e {
+            ActionError::NotFound(_) => ApiError::not_found(),
+            ActionError::Store(e) => ApiError::store(&e),
+            ActionError::Raced(key) => {
+                let mut error = ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("operation {key} changed while this action ran; read it again"),
+                );
+                error.0.outcome.operation_key = Some(key);
+                error
+            }
+            other => ApiError::new(ErrorCode::Conflict, other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = respond(&self.0.outcome, self.0.status);
+        if self.0.challenge {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemgate_core::OperationKey;
+
+    fn check(o: Outcome, status: u16, outcome_header: &str, content_type: &str) {
+        let r = Answer(o).into_response();
+        assert_eq!(r.status().as_u16(), status);
+        assert_eq!(r.headers()[IDEMPOTENCY_OUTCOME], outcome_header);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], content_type);
+    }
+
+    fn key() -> OperationKey {
+        OperationKey::parse("t:e:w:s").unwrap()
+    }
+
+    #[test]
+    fn statuses() {
+        check(
+            Outcome::applied(key(), "r".into(), Value::Null),
+            200,
+            "applied",
+            "application/json",
+        );
+        check(
+            Outcome::replayed(key(), None, None),
+            200,
+            "replayed",
+            "application/json",
+        );
+        check(
+            Outcome::in_flight(key(), NextAction::Poll, 3),
+            409,
+            "in_flight",
+            "application/json",
+        );
+        check(
+            Outcome::in_flight(key(), NextAction::AskForApproval, 30),
+            202,
+            "in_flight",
+            "application/json",
+        );
+        check(
+            Outcome::unknown(key(), "x"),
+            202,
+            "unknown",
+            "application/json",
+        );
+        check(
+            Outcome::rejected(
+                None,
+                ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
+                "x",
+            ),
+            422,
+            "rejected",
+            PROBLEM_JSON,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::InvalidArguments, "x"),
+            400,
+            "rejected",
+            PROBLEM_JSON,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::Unauthorized, "x"),
+            401,
+            "rejected",
+            PROBLEM_JSON,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::Forbidden, "x"),
+            403,
+            "rejected",
+            PROBLEM_JSON,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::NotFound, "x"),
+            404,
+            "rejected",
+            PROBLEM_JSON,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::ExpiredOperation, "x"),
+            410,
+            "rejected",
+            PROBLEM_JSON,
+        );
+    }
+
+    #[test]
+    fn replay_and_retry_headers() {
+        let r = Answer(Outcome::replayed(key(), None, None)).into_response();
+        assert_eq!(r.headers()[IDEMPOTENT_REPLAYED], "true");
+        let r = Answer(Outcome::in_flight(key(), NextAction::Poll, 7)).into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        assert!(r.headers().get(IDEMPOTENT_REPLAYED).is_none());
+    }
+
+    #[test]
+    fn every_code_has_its_own_problem_type() {
+        let mut seen = std::collections::BTreeSet::new();
+        for code in idemgate_core::outcome::ALL_CODES {
+            assert!(seen.insert(format!("{PROBLEM_TYPE_PREFIX}{}", code.as_str())));
+            assert!(
+                rejection_status(*code).is_client_error()
+                    || rejection_status(*code).is_server_error()
+            );
+        }
+    }
+}

@@ -1,0 +1,682 @@
+//! API v1 through the router (no socket): outcomes, status codes and headers, the seed's
+//! scenarios, tenants and roles, and hostile input. Effects are counted on the fake
+//! downstream's own side.
+
+mod common;
+
+use std::sync::Arc;
+
+use axum::Router;
+use common::*;
+use idemgate_conformance::downstream::Fault;
+use idemgate_conformance::harness::EPOCH;
+use idemgate_conformance::mem::MemStore;
+use idemgate_core::clock::ManualClock;
+use idemgate_core::effect::Authorization;
+use idemgate_core::key::OperationKey;
+use idemgate_server::Gateway;
+use serde_json::{Value, json};
+
+struct Env {
+    app: Router,
+    fakes: Fakes,
+    store: Arc<MemStore>,
+    clock: Arc<ManualClock>,
+}
+
+fn env() -> Env {
+    let mut fakes = Fakes::new();
+    let tools = fakes.tools();
+    let store = Arc::new(MemStore::new());
+    let clock = Arc::new(ManualClock::new(EPOCH));
+    let state = Gateway::new(store.clone(), tools, tokens())
+        .clock(clock.clone())
+        .environment(ENV)
+        .build();
+    Env {
+        app: idemgate_server::router(state),
+        fakes,
+        store,
+        clock,
+    }
+}
+
+fn ticket(workflow: &str, step: &str, subject: &str) -> Value {
+    json!({"workflow_id": workflow, "step_id": step, "arguments": {"subject": subject, "body": "Order 42 arrived broken."}})
+}
+
+fn note(workflow: &str, text: &str) -> Value {
+    json!({"workflow_id": workflow, "step_id": "s1", "arguments": {"text": text}})
+}
+
+fn key(workflow: &str, step: &str) -> OperationKey {
+    OperationKey::new("acme", ENV, workflow, step).unwrap()
+}
+
+#[tokio::test]
+async fn applied_replayed_mismatch_unknown_reconcile() {
+    let e = env();
+    let tickets = e.fakes.fake("tickets.create");
+
+    let first = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_1", "create", "Refund")),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.outcome(), "applied");
+    assert_eq!(first.json["status"], "applied");
+    assert_eq!(first.json["operation_key"], "acme:test:run_1:create");
+    assert_eq!(first.json["safe_to_repeat"], false);
+    assert!(first.header("idempotent-replayed").is_none());
+    let reference = first.json["effect_reference"].as_str().unwrap().to_string();
+
+    let again = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_1", "create", "Refund")),
+    )
+    .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.outcome(), "replayed");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.json["effect_reference"], reference.as_str());
+
+    let changed = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_1", "create", "Other")),
+    )
+    .await;
+    changed.assert_problem(422, "idempotency_key_reused_with_different_request");
+    assert_eq!(changed.json["next_action"], "inspect_operation");
+    assert!(
+        !changed.text.contains("Other"),
+        "a mismatch never echoes the request"
+    );
+    assert_eq!(tickets.effects_for(&key("run_1", "create")), 1);
+
+    // A lost answer where the downstream neither deduplicates nor offers a lookup: unknown.
+    let notes = e.fakes.fake("notes.append");
+    notes.push_fault(Fault::CommitThenDrop);
+    let lost = route(
+        &e.app,
+        invoke("notes.append", AGENT, note("run_2", "hello")),
+    )
+    .await;
+    assert_eq!(lost.status, 202, "{}", lost.text);
+    assert_eq!(lost.outcome(), "unknown");
+    assert_eq!(lost.json["next_action"], "reconcile");
+    assert_eq!(lost.json["error"]["code"], "outcome_unknown");
+    let retry = route(
+        &e.app,
+        invoke("notes.append", AGENT, note("run_2", "hello")),
+    )
+    .await;
+    assert_eq!(
+        retry.outcome(),
+        "unknown",
+        "a retry never sends blindly again"
+    );
+    assert_eq!(notes.effects(), 1);
+
+    let queue = route(&e.app, Call::get("/v1/operations?status=unknown", OPERATOR)).await;
+    assert_eq!(queue.status, 200, "{}", queue.text);
+    assert_eq!(
+        queue.json["operations"][0]["operation_key"],
+        "acme:test:run_2:s1"
+    );
+    assert_eq!(queue.json["operations"].as_array().unwrap().len(), 1);
+
+    let path = "/v1/operations/acme:test:run_2:s1/reconcile";
+    let by_agent = route(&e.app, Call::post(path, AGENT, "")).await;
+    by_agent.assert_problem(403, "forbidden");
+    let receipt = notes.receipt_for(&key("run_2", "s1")).unwrap();
+    let body = json!({"resolution": "applied", "effect_reference": receipt.reference, "result": receipt.result});
+    let settled = route(&e.app, Call::post(path, OPERATOR, body.to_string())).await;
+    assert_eq!(settled.status, 200, "{}", settled.text);
+    assert_eq!(settled.json["effect_reference"], receipt.reference.as_str());
+
+    let after = route(
+        &e.app,
+        invoke("notes.append", AGENT, note("run_2", "hello")),
+    )
+    .await;
+    assert_eq!(after.status, 200);
+    assert_eq!(after.outcome(), "replayed");
+    assert_eq!(notes.effects(), 1);
+
+    let view = route(
+        &e.app,
+        Call::get("/v1/operations/acme:test:run_2:s1", AGENT),
+    )
+    .await;
+    assert_eq!(view.status, 200, "{}", view.text);
+    assert_eq!(view.json["record_status"], "applied");
+    assert_eq!(
+        view.json["receipt"]["reference"],
+        receipt.reference.as_str()
+    );
+    let kinds: Vec<&str> = view.json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"reconciled"), "{kinds:?}");
+    assert_eq!(view.outcome(), "replayed");
+}
+
+#[tokio::test]
+async fn reconcile_not_applied_lets_the_key_run_again() {
+    let e = env();
+    let notes = e.fakes.fake("notes.append");
+    notes.push_fault(Fault::Timeout);
+    let lost = route(&e.app, invoke("notes.append", AGENT, note("run_3", "x"))).await;
+    assert_eq!(lost.outcome(), "unknown", "{}", lost.text);
+    assert_eq!(notes.effects(), 0);
+    let path = "/v1/operations/acme:test:run_3:s1/reconcile";
+    let lookup = route(&e.app, Call::post(path, OPERATOR, "")).await;
+    lookup.assert_problem(422, "conflict");
+    let settled = route(
+        &e.app,
+        Call::post(path, OPERATOR, r#"{"resolution":"not_applied"}"#),
+    )
+    .await;
+    assert!(settled.status < 500, "{}", settled.text);
+    let run = route(&e.app, invoke("notes.append", AGENT, note("run_3", "x"))).await;
+    assert_eq!(run.status, 200, "{}", run.text);
+    assert_eq!(notes.effects(), 1);
+}
+
+#[tokio::test]
+async fn hostile_input_leaves_no_record_and_no_downstream_call() {
+    let e = env();
+    let deep = format!("{}1{}", "[".repeat(40), "]".repeat(40));
+    let cases: Vec<(&str, Call<'static>, u16, &str)> = vec![
+        ("no token", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous(), 401, "unauthorized"),
+        ("bad token", invoke("tickets.create", "nope", ticket("h", "1", "s")), 401, "unauthorized"),
+        ("basic scheme", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous().header("authorization", "Basic YTpi"), 401, "unauthorized"),
+        ("unknown tool", invoke("tickets.delete", AGENT, ticket("h", "1", "s")), 404, "unknown_tool"),
+        ("body too large", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{{"subject":"s","body":"{}"}}}}"#, "x".repeat(300_000))), 413, "invalid_arguments"),
+        ("too deep", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{deep}}}"#)), 400, "invalid_arguments"),
+        ("duplicate member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","subject":"b","body":"x"}}"#), 400, "invalid_arguments"),
+        ("duplicate envelope member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","workflow_id":"g","step_id":"1","arguments":{}}"#), 400, "invalid_arguments"),
+        ("number beyond 2^53", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9007199254740993}}"#), 400, "invalid_arguments"),
+        ("not UTF-8", Call::post("/v1/tools/tickets.create/invoke", AGENT, b"{\"workflow_id\":\"h\",\"step_id\":\"1\",\"arguments\":{\"subject\":\"\xff\",\"body\":\"x\"}}".to_vec()), 400, "invalid_arguments"),
+        ("not JSON", Call::post("/v1/tools/tickets.create/invoke", AGENT, "subject=a"), 400, "invalid_arguments"),
+        ("empty body", Call::post("/v1/tools/tickets.create/invoke", AGENT, ""), 400, "invalid_arguments"),
+        ("not an object", Call::post("/v1/tools/tickets.create/invoke", AGENT, "[1]"), 400, "invalid_arguments"),
+        ("no arguments", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1"}"#), 400, "invalid_arguments"),
+        ("unknown member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x"},"tenant":"globex"}"#), 400, "invalid_arguments"),
+        ("schema violation", invoke("tickets.create", AGENT, json!({"workflow_id":"h","step_id":"1","arguments":{"subject":""}})), 400, "invalid_arguments"),
+        ("no key for a keyed tool", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})), 400, "missing_operation_key"),
+        ("step without workflow", invoke("tickets.create", AGENT, json!({"step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key"),
+        ("colon in a part", invoke("tickets.create", AGENT, ticket("a:b", "1", "s")), 400, "invalid_operation_key"),
+        ("space in a part", invoke("tickets.create", AGENT, ticket("a b", "1", "s")), 400, "invalid_operation_key"),
+        ("over-long part", invoke("tickets.create", AGENT, ticket(&"w".repeat(129), "1", "s")), 400, "invalid_operation_key"),
+        ("numeric workflow", invoke("tickets.create", AGENT, json!({"workflow_id": 7, "step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key"),
+        ("empty header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", ""), 400, "invalid_operation_key"),
+        ("malformed header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "\"open"), 400, "invalid_operation_key"),
+        ("integer header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "12"), 400, "invalid_operation_key"),
+        ("over-long header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", format!("\"{}\"", "k".repeat(400))), 400, "invalid_operation_key"),
+        ("header and body key", invoke("tickets.create", AGENT, ticket("h", "1", "s")).header("idempotency-key", "\"h:1\""), 400, "invalid_operation_key"),
+        ("key in the path of another tenant", Call::get("/v1/operations/globex:test:h:1", AGENT), 404, "not_found"),
+        ("malformed key in the path", Call::get("/v1/operations/not-a-key", AGENT), 404, "not_found"),
+        ("unknown route", Call::get("/v2/anything", AGENT), 404, "not_found"),
+        ("list with a bad status", Call::get("/v1/operations?status=done", OPERATOR), 400, "invalid_arguments"),
+        ("list with a bad limit", Call::get("/v1/operations?limit=0", OPERATOR), 400, "invalid_arguments"),
+        ("list with a non-numeric limit", Call::get("/v1/operations?limit=many", OPERATOR), 400, "invalid_arguments"),
+        ("reconcile with an unknown resolution", Call::post("/v1/operations/acme:test:h:1/reconcile", OPERATOR, r#"{"resolution":"maybe"}"#), 400, "invalid_arguments"),
+        ("approve with a bad fingerprint", Call::post("/v1/operations/acme:test:h:1/approve", OPERATOR, r#"{"fingerprint":"md5:x"}"#), 400, "invalid_arguments"),
+    ];
+    for (name, call, status, code) in cases {
+        let reply = route(&e.app, call).await;
+        assert_eq!(reply.status, status, "{name}: {}", reply.text);
+        reply.assert_problem(status, code);
+        if status == 401 {
+            assert_eq!(reply.header("www-authenticate"), Some("Bearer"), "{name}");
+        }
+    }
+    assert!(e.store.is_empty(), "hostile input left a record");
+    assert_eq!(
+        e.fakes.total_calls(),
+        0,
+        "hostile input reached a downstream"
+    );
+    assert_eq!(e.fakes.total_effects(), 0);
+}
+
+#[tokio::test]
+async fn idempotency_key_header_names_the_operation() {
+    let e = env();
+    let args = json!({"arguments": {"subject": "a", "body": "x"}});
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, args.clone()).header("idempotency-key", "\"run_9:step_1\""),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["operation_key"], "acme:test:run_9:step_1");
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, args.clone())
+            .header("idempotency-key", "\"8e03978e-40d5-43e8\""),
+    )
+    .await;
+    assert_eq!(r.json["operation_key"], "acme:test:8e03978e-40d5-43e8:-");
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, args).header("idempotency-key", "\"8e03978e-40d5-43e8\""),
+    )
+    .await;
+    assert_eq!(r.outcome(), "replayed");
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 2);
+}
+
+#[tokio::test]
+async fn another_tenants_key_is_not_found_exactly_like_a_missing_one() {
+    let e = env();
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_1", "create", "s")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let own = route(
+        &e.app,
+        Call::get("/v1/operations/acme:test:run_1:create", OPERATOR),
+    )
+    .await;
+    assert_eq!(own.status, 200);
+    let theirs = route(
+        &e.app,
+        Call::get("/v1/operations/acme:test:run_1:create", OTHER),
+    )
+    .await;
+    let missing = route(
+        &e.app,
+        Call::get("/v1/operations/globex:test:run_1:create", OTHER),
+    )
+    .await;
+    theirs.assert_problem(404, "not_found");
+    assert_eq!(theirs.text, missing.text);
+    for action in ["reconcile", "approve", "deny"] {
+        let r = route(
+            &e.app,
+            Call::post(
+                format!("/v1/operations/acme:test:run_1:create/{action}"),
+                OTHER,
+                "",
+            ),
+        )
+        .await;
+        r.assert_problem(404, "not_found");
+    }
+    let list = route(&e.app, Call::get("/v1/operations", OTHER)).await;
+    assert_eq!(list.json["operations"], json!([]));
+    // The same workflow step in another tenant is another operation.
+    let r = route(
+        &e.app,
+        Call::post(
+            "/v1/tools/tickets.create/invoke",
+            OTHER,
+            ticket("run_1", "create", "s").to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(r.outcome(), "applied");
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 2);
+}
+
+#[tokio::test]
+async fn agents_cannot_list_reconcile_approve_or_deny() {
+    let e = env();
+    for call in [
+        Call::get("/v1/operations", AGENT),
+        Call::get("/v1/operations?status=unknown", AGENT),
+        Call::post("/v1/operations/acme:test:a:b/reconcile", AGENT, ""),
+        Call::post("/v1/operations/acme:test:a:b/approve", AGENT, ""),
+        Call::post("/v1/operations/acme:test:a:b/deny", AGENT, ""),
+        Call::get("/console", AGENT),
+    ] {
+        route(&e.app, call).await.assert_problem(403, "forbidden");
+    }
+    let r = route(&e.app, Call::get("/v1/operations", OPERATOR)).await;
+    assert_eq!(r.status, 200);
+    let r = route(&e.app, Call::get("/console", OPERATOR)).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text.contains("Reconciliation queue"));
+}
+
+#[tokio::test]
+async fn approval_holds_the_effect_until_an_operator_approves() {
+    let e = env();
+    let tickets = e.fakes.fake("tickets.create");
+    let legal = json!({"workflow_id": "run_5", "step_id": "s", "arguments": {"queue_id": "legal", "subject": "a", "body": "x"}});
+    let held = route(&e.app, invoke("tickets.create", AGENT, legal.clone())).await;
+    assert_eq!(held.status, 202, "{}", held.text);
+    assert_eq!(held.outcome(), "in_flight");
+    assert_eq!(held.json["next_action"], "ask_for_approval");
+    assert!(held.header("retry-after").is_some());
+    assert_eq!(tickets.effects(), 0);
+    let view = route(&e.app, Call::get("/v1/operations/acme:test:run_5:s", AGENT)).await;
+    let fingerprint = view.json["fingerprint"].as_str().unwrap().to_string();
+    assert_eq!(view.json["record_status"], "awaiting_approval");
+
+    let wrong = route(
+        &e.app,
+        Call::post(
+            "/v1/operations/acme:test:run_5:s/approve",
+            OPERATOR,
+            json!({"fingerprint": format!("sha256:{}", "0".repeat(64))}).to_string(),
+        ),
+    )
+    .await;
+    wrong.assert_problem(422, "conflict");
+    let approved = route(
+        &e.app,
+        Call::post(
+            "/v1/operations/acme:test:run_5:s/approve",
+            OPERATOR,
+            json!({"fingerprint": fingerprint}).to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(approved.status, 200, "{}", approved.text);
+    assert_eq!(tickets.effects(), 1);
+    let twice = route(
+        &e.app,
+        Call::post("/v1/operations/acme:test:run_5:s/approve", OPERATOR, ""),
+    )
+    .await;
+    twice.assert_problem(422, "conflict");
+    let replay = route(&e.app, invoke("tickets.create", AGENT, legal)).await;
+    assert_eq!(replay.outcome(), "replayed");
+    let view = route(&e.app, Call::get("/v1/operations/acme:test:run_5:s", AGENT)).await;
+    assert_eq!(view.json["approved_by"], "acme-ops");
+
+    // Denied: final, replayed as the same refusal.
+    let other = json!({"workflow_id": "run_6", "step_id": "s", "arguments": {"queue_id": "legal", "subject": "a", "body": "x"}});
+    route(&e.app, invoke("tickets.create", AGENT, other.clone())).await;
+    let denied = route(
+        &e.app,
+        Call::post(
+            "/v1/operations/acme:test:run_6:s/deny",
+            OPERATOR,
+            r#"{"reason":"not ours"}"#,
+        ),
+    )
+    .await;
+    denied.assert_problem(403, "approval_denied");
+    let replay = route(&e.app, invoke("tickets.create", AGENT, other)).await;
+    replay.assert_problem(403, "approval_denied");
+    assert_eq!(tickets.effects(), 1);
+}
+
+#[tokio::test]
+async fn revoked_authorization_refuses_the_retry() {
+    let e = env();
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_7", "s", "a")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    e.fakes
+        .hook
+        .set(Authorization::Denied("account closed".into()));
+    let retry = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_7", "s", "a")),
+    )
+    .await;
+    retry.assert_problem(403, "forbidden");
+    let fresh = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_8", "s", "a")),
+    )
+    .await;
+    fresh.assert_problem(403, "forbidden");
+    e.fakes
+        .hook
+        .set(Authorization::Unavailable("hook down".into()));
+    let closed = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_7", "s", "a")),
+    )
+    .await;
+    closed.assert_problem(503, "authorization_unavailable");
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 1);
+    assert_eq!(e.store.len(), 1);
+}
+
+#[tokio::test]
+async fn a_key_after_retention_follows_the_late_arrival_policy() {
+    let e = env();
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_10", "s", "a")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // tickets.create keeps records 7 days and rejects late arrivals.
+    e.clock.advance(8 * 86_400_000);
+    let late = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_10", "s", "a")),
+    )
+    .await;
+    late.assert_problem(410, "expired_operation");
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 1);
+}
+
+#[tokio::test]
+async fn a_delayed_job_is_in_flight_until_polling_finds_it_done() {
+    let e = env();
+    let reports = e.fakes.fake("reports.generate");
+    reports.push_fault(Fault::AcceptJob);
+    let body = json!({"workflow_id": "run_11", "step_id": "s", "arguments": {"report_type": "usage", "period_start": "2026-01-01", "period_end": "2026-01-31"}});
+    let accepted = route(&e.app, invoke("reports.generate", AGENT, body.clone())).await;
+    assert_eq!(accepted.status, 409, "{}", accepted.text);
+    assert_eq!(accepted.outcome(), "in_flight");
+    assert_eq!(accepted.json["next_action"], "poll");
+    assert!(accepted.header("retry-after").is_some());
+    let poll = route(
+        &e.app,
+        Call::get("/v1/operations/acme:test:run_11:s", AGENT),
+    )
+    .await;
+    assert_eq!(poll.json["outcome"]["status"], "in_flight", "{}", poll.text);
+    assert_eq!(poll.json["record_status"], "pending");
+    let job = reports.job_ids()[0].clone();
+    assert_eq!(poll.json["job_id"], job.as_str());
+    reports.complete_job(&job);
+    let done = route(
+        &e.app,
+        Call::get("/v1/operations/acme:test:run_11:s", AGENT),
+    )
+    .await;
+    assert_eq!(done.json["record_status"], "applied", "{}", done.text);
+    let replay = route(&e.app, invoke("reports.generate", AGENT, body)).await;
+    assert_eq!(replay.outcome(), "replayed");
+    assert_eq!(reports.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_malformed_result_is_never_success() {
+    let e = env();
+    let notes = e.fakes.fake("notes.append");
+    notes.push_fault(Fault::Malformed);
+    let r = route(&e.app, invoke("notes.append", AGENT, note("run_12", "x"))).await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    assert_eq!(r.outcome(), "unknown");
+    // Where a receipt can be looked up, the malformed answer is settled by the receipt.
+    let tickets = e.fakes.fake("tickets.create");
+    tickets.push_fault(Fault::Malformed);
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_12", "s", "a")),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["effect_reference"],
+        tickets
+            .receipt_for(&key("run_12", "s"))
+            .unwrap()
+            .reference
+            .as_str()
+    );
+    assert_eq!(tickets.effects(), 1);
+    assert_eq!(notes.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_new_key_with_the_same_arguments_is_a_new_operation() {
+    let e = env();
+    route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_13", "a", "s")),
+    )
+    .await;
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_13", "b", "s")),
+    )
+    .await;
+    assert_eq!(r.outcome(), "applied");
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_is_409_with_retry_after_and_prefer_wait_waits() {
+    let e = env();
+    let tickets = e.fakes.fake("tickets.create").clone();
+    tickets.before_commit().arm();
+    let app = e.app.clone();
+    let first = tokio::spawn(async move {
+        route(
+            &app,
+            invoke("tickets.create", AGENT, ticket("run_14", "s", "a")),
+        )
+        .await
+    });
+    idemgate_conformance::gate::bounded(
+        "first delivery reaches the downstream",
+        tickets.before_commit().reached(),
+    )
+    .await;
+    let busy = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_14", "s", "a")),
+    )
+    .await;
+    assert_eq!(busy.status, 409, "{}", busy.text);
+    assert_eq!(busy.outcome(), "in_flight");
+    assert!(busy.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+    let app = e.app.clone();
+    let waiting = tokio::spawn(async move {
+        route(
+            &app,
+            invoke("tickets.create", AGENT, ticket("run_14", "s", "a")).header("prefer", "wait=10"),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tickets.before_commit().release();
+    let first = idemgate_conformance::gate::bounded("first delivery", first)
+        .await
+        .unwrap();
+    assert_eq!(first.outcome(), "applied");
+    let waited = idemgate_conformance::gate::bounded("waiting delivery", waiting)
+        .await
+        .unwrap();
+    assert_eq!(waited.status, 200, "{}", waited.text);
+    assert_eq!(waited.outcome(), "replayed");
+    assert_eq!(tickets.effects(), 1);
+}
+
+#[tokio::test]
+async fn list_pages_by_key() {
+    let e = env();
+    for step in ["a", "b", "c"] {
+        route(
+            &e.app,
+            invoke("tickets.create", AGENT, ticket("run_15", step, "s")),
+        )
+        .await;
+    }
+    let page = route(
+        &e.app,
+        Call::get("/v1/operations?tool=tickets.create&limit=2", OPERATOR),
+    )
+    .await;
+    assert_eq!(
+        page.json["operations"].as_array().unwrap().len(),
+        2,
+        "{}",
+        page.text
+    );
+    let after = page.json["next_after"].as_str().unwrap().to_string();
+    let rest = route(
+        &e.app,
+        Call::get(
+            format!("/v1/operations?tool=tickets.create&limit=2&after={after}"),
+            OPERATOR,
+        ),
+    )
+    .await;
+    assert_eq!(
+        rest.json["operations"].as_array().unwrap().len(),
+        1,
+        "{}",
+        rest.text
+    );
+    assert_eq!(rest.json["next_after"], Value::Null);
+    let applied = route(&e.app, Call::get("/v1/operations?status=applied", OPERATOR)).await;
+    assert_eq!(applied.json["operations"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn health_metrics_and_the_generated_openapi_document() {
+    let e = env();
+    let r = route(&e.app, Call::get("/healthz", AGENT).anonymous()).await;
+    assert_eq!(r.status, 200);
+    route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_16", "s", "a")),
+    )
+    .await;
+    let m = route(&e.app, Call::get("/metrics", AGENT).anonymous()).await;
+    assert_eq!(m.status, 200);
+    for name in [
+        "idemgate_outcomes_total",
+        "idemgate_claim_duration_seconds_bucket",
+        "idemgate_effect_duration_seconds_bucket",
+        "idemgate_unknown_operations",
+    ] {
+        assert!(m.text.contains(name), "{name} missing from\n{}", m.text);
+    }
+    let doc = route(&e.app, Call::get("/openapi.json", AGENT).anonymous()).await;
+    assert_eq!(doc.status, 200);
+    assert!(
+        doc.json["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc.json["openapi"]
+    );
+    for path in [
+        "/v1/tools/{tool}/invoke",
+        "/v1/operations",
+        "/v1/operations/{operation_key}",
+        "/v1/operations/{operation_key}/reconcile",
+        "/v1/operations/{operation_key}/approve",
+        "/v1/operations/{operation_key}/deny",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(
+            doc.json["paths"].get(path).is_some(),
+            "{path} missing from the document"
+        );
+    }
+    assert!(doc.json["components"]["schemas"].get("Problem").is_some());
+}
