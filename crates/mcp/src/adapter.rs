@@ -1,0 +1,475 @@
+//! **The one module that knows the MCP SDK** (`rmcp`). It turns the pure [`crate::tools`]
+//! mapping into the SDK's types and wires the two transports: stdio ([`serve_stdio`],
+//! [`serve_io`]) and streamable HTTP ([`streamable_http_service`]). The SDK moves fast; when
+//! it changes, this file is the one to change.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::http::{self, HeaderValue, Request, Response, StatusCode, header};
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::{ErrorCode, Outcome};
+use idemgate_core::store::BoxFuture;
+use idemgate_engine::Caller;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Map, Value};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::fake::{self, FakeDownstreams};
+use crate::gateway::Gateway;
+use crate::tools::{self, Catalog, Reply, STATUS_TOOL, ToolSpec};
+
+/// What instructs a model once per connection, beside the tool descriptions.
+const INSTRUCTIONS: &str = "Tools here are executed by idemgate: each operation runs at most \
+once, and the application running you names each operation — you never supply a key. Every \
+result has `status` and `next_action`. `applied` or `replayed`: done, do not call again for \
+this step. `in_flight`: poll idemgate_operation_status with the operation_key instead of \
+calling again. `unknown`: do not call again; an operator reconciles it. `rejected`: nothing \
+happened; read error.code.";
+
+/// Why a server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Catalog(#[from] tools::Error),
+    #[error("the MCP session could not start: {0}")]
+    Start(String),
+    #[error("the MCP session ended abnormally: {0}")]
+    Run(String),
+}
+
+/// Settings shared by both transports.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Serve the hidden fake-downstream control tool over these fakes (demos and tests only).
+    pub fakes: Option<FakeDownstreams>,
+}
+
+/// How a call learns its caller.
+#[derive(Clone, Debug)]
+enum Who {
+    /// stdio: one local agent, configured at start.
+    Fixed(Caller),
+    /// streamable HTTP: each request's own authentication, stored in its extensions by
+    /// [`McpHttpService`].
+    PerRequest,
+}
+
+/// The caller authenticated for one HTTP request, in the request's extensions. A wrapper type
+/// so that no other extension can be mistaken for it.
+#[derive(Clone, Debug)]
+struct Authenticated(Caller);
+
+struct Shared {
+    gateway: Arc<dyn Gateway>,
+    catalog: Catalog,
+    listed: Vec<Tool>,
+    fakes: Option<FakeDownstreams>,
+}
+
+impl Shared {
+    fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, tools::Error> {
+        let catalog = Catalog::new(&gateway.tools())?;
+        let listed = catalog.tools().map(to_tool).collect();
+        Ok(Shared {
+            gateway,
+            catalog,
+            listed,
+            fakes: options.fakes,
+        })
+    }
+}
+
+fn to_tool(spec: &ToolSpec) -> Tool {
+    let hints = spec.hints;
+    let annotations = ToolAnnotations::with_title(spec.title.clone())
+        .read_only(hints.read_only)
+        .destructive(hints.destructive)
+        .idempotent(hints.idempotent)
+        .open_world(hints.open_world);
+    let mut tool = Tool::new(
+        spec.name.clone(),
+        spec.description.clone(),
+        Arc::new(spec.input_schema.clone()),
+    )
+    .with_title(spec.title.clone())
+    .with_annotations(annotations);
+    if let Some(schema) = &spec.output_schema {
+        tool = tool.with_raw_output_schema(Arc::new(schema.clone()));
+    }
+    if let Some(meta) = &spec.meta {
+        tool = tool.with_meta(MetaObject(meta.clone()));
+    }
+    tool
+}
+
+fn control_tool() -> Tool {
+    Tool::new(
+        fake::CONTROL_TOOL,
+        "Test control of the in-process fake downstreams (served only with --fake-downstream): \
+read a fake's own effect count, script its next answer, finish an accepted job.",
+        Arc::new(fake::control_schema()),
+    )
+}
+
+/// The MCP server handler: one per stdio connection or HTTP session, all sharing one catalog.
+#[derive(Clone)]
+struct Handler {
+    shared: Arc<Shared>,
+    who: Who,
+}
+
+fn to_result(reply: Reply) -> CallToolResult {
+    let mut result = if reply.is_error {
+        CallToolResult::structured_error(reply.structured)
+    } else {
+        CallToolResult::structured(reply.structured)
+    };
+    // The structured content is the outcome; the text is the one sentence a model reads.
+    result.content = vec![ContentBlock::text(reply.text)];
+    result
+}
+
+impl Handler {
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Option<Caller> {
+        match &self.who {
+            Who::Fixed(caller) => Some(caller.clone()),
+            Who::PerRequest => context
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|parts| parts.extensions.get::<Authenticated>())
+                .map(|a| a.0.clone()),
+        }
+    }
+
+    async fn status(&self, caller: &Caller, arguments: &Map<String, Value>) -> Reply {
+        let text = arguments.get("operation_key").and_then(Value::as_str);
+        let outcome = match text.map(OperationKey::parse) {
+            None => Outcome::rejected(
+                None,
+                ErrorCode::InvalidArguments,
+                "operation_key (a string) is required",
+            ),
+            Some(Err(e)) => Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+            Some(Ok(key)) => match self.shared.gateway.status(caller, &key).await {
+                Some(outcome) => outcome,
+                // The same answer for another tenant's key as for a missing one.
+                None => Outcome::rejected(None, ErrorCode::NotFound, "no such operation"),
+            },
+        };
+        Reply::from_outcome(STATUS_TOOL, &outcome)
+    }
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
+                    .with_title("idemgate")
+                    .with_description("Side-effecting tools made safe to retry."),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        // The control tool is deliberately not listed: a model must not see it.
+        Ok(ListToolsResult::with_all_items(self.shared.listed.clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        if name == fake::CONTROL_TOOL && self.shared.fakes.is_some() {
+            return Some(control_tool());
+        }
+        self.shared.catalog.get(name).map(to_tool)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let arguments: JsonObject = request.arguments.clone().unwrap_or_default();
+        let Some(caller) = self.caller(&context) else {
+            // Unreachable behind McpHttpService, which refuses unauthenticated requests; kept
+            // so that a different mounting fails closed.
+            let outcome = Outcome::rejected(None, ErrorCode::Unauthorized, "no credentials");
+            return Ok(to_result(Reply::from_outcome(&name, &outcome)).into());
+        };
+        if name == STATUS_TOOL {
+            return Ok(to_result(self.status(&caller, &arguments).await).into());
+        }
+        if name == fake::CONTROL_TOOL
+            && let Some(fakes) = &self.shared.fakes
+        {
+            let result = match fakes.control(&arguments) {
+                Ok(stats) => {
+                    let mut r = CallToolResult::structured(stats.clone());
+                    r.content = vec![ContentBlock::text(format!(
+                        "fake downstream {}: {} effects, {} calls",
+                        stats["tool"], stats["effects"], stats["calls"]
+                    ))];
+                    r
+                }
+                Err(message) => CallToolResult::error(vec![ContentBlock::text(message)]),
+            };
+            return Ok(result.into());
+        }
+        let Some(contract) = self
+            .shared
+            .catalog
+            .get(&name)
+            .and_then(|s| s.contract.clone())
+        else {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool `{name}`"),
+                None,
+            ));
+        };
+        // The operation identity comes from `_meta` only — set by the agent runtime, never by
+        // the model, and never derived from the JSON-RPC id or a tool-call id. The SDK moves a
+        // request's `_meta` into the context; the request's own copy is read as a fallback.
+        let meta = request
+            .meta
+            .as_ref()
+            .map(|m| &m.0.0)
+            .filter(|m| m.contains_key(tools::OPERATION_META))
+            .unwrap_or(&context.meta.0.0);
+        let reply = match tools::operation_from_meta(Some(meta)) {
+            Err(e) => Reply::from_outcome(&name, &e.outcome()),
+            Ok((workflow_id, step_id)) => {
+                let outcome = self
+                    .shared
+                    .gateway
+                    .invoke(
+                        caller,
+                        &contract,
+                        workflow_id,
+                        step_id,
+                        Value::Object(arguments),
+                    )
+                    .await;
+                Reply::from_outcome(&name, &outcome)
+            }
+        };
+        Ok(to_result(reply).into())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// stdio.
+
+/// Serves the gateway's tools over this process's stdin and stdout as `caller`, until the
+/// client closes stdin or `shutdown` completes. Logs must go to stderr: stdout is the protocol.
+pub async fn serve_stdio(
+    gateway: Arc<dyn Gateway>,
+    caller: Caller,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    serve_io(
+        gateway,
+        caller,
+        options,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_stdio`] over any byte streams (newline-delimited JSON-RPC), for tests and embedding.
+pub async fn serve_io<R, W>(
+    gateway: Arc<dyn Gateway>,
+    caller: Caller,
+    options: Options,
+    reader: R,
+    writer: W,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let handler = Handler {
+        shared: Arc::new(Shared::new(gateway, options)?),
+        who: Who::Fixed(caller),
+    };
+    let running = match handler.serve((reader, writer)).await {
+        Ok(running) => running,
+        // A client that connects and leaves before establishing a session (it had nothing to
+        // call, say) ends the connection normally.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => return Err(Error::Start(e.to_string())),
+    };
+    let cancel = running.cancellation_token();
+    let stopper = tokio::spawn(async move {
+        shutdown.await;
+        cancel.cancel();
+    });
+    let ended = running.waiting().await;
+    stopper.abort();
+    ended.map(|_| ()).map_err(|e| Error::Run(e.to_string()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamable HTTP.
+
+/// Settings of the streamable-HTTP service.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Accepted `Host` header values (`name` or `name:port`). The SDK's default is loopback
+    /// only, a guard against DNS rebinding; a public deployment lists its own host names. An
+    /// empty list accepts any host.
+    pub allowed_hosts: Vec<String>,
+    /// Keep MCP sessions in this process's memory (the pre-2026 session model). Off by
+    /// default: every request is answered on its own, so any number of gateway processes
+    /// behind a load balancer serve one client.
+    pub sessions: bool,
+    pub options: Options,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            sessions: false,
+            options: Options::default(),
+        }
+    }
+}
+
+type Auth = dyn Fn(&http::request::Parts) -> Option<Caller> + Send + Sync;
+
+/// The MCP streamable-HTTP endpoint as a tower service: authenticates each request with the
+/// given function (401 when it answers `None`), then hands it to the SDK's service with the
+/// caller attached. Mount it with `Router::nest_service("/mcp", service)`.
+#[derive(Clone)]
+pub struct McpHttpService {
+    inner: StreamableHttpService<Handler, LocalSessionManager>,
+    auth: Arc<Auth>,
+}
+
+impl std::fmt::Debug for McpHttpService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpHttpService").finish_non_exhaustive()
+    }
+}
+
+impl McpHttpService {
+    /// Ends open response streams and refuses new requests: call it when the server shuts
+    /// down, or a graceful shutdown waits for streams that never end by themselves.
+    pub fn shutdown(&self) {
+        self.inner.config.cancellation_token.cancel();
+    }
+}
+
+/// The streamable-HTTP MCP service over `gateway`. `auth` maps a request's head (its
+/// `Authorization` header, say) to the caller, or `None` for a 401. `allowed_hosts` replaces
+/// the SDK's loopback-only `Host` allow-list (see [`HttpOptions::allowed_hosts`]).
+pub fn streamable_http_service(
+    gateway: Arc<dyn Gateway>,
+    auth: impl Fn(&http::request::Parts) -> Option<Caller> + Send + Sync + 'static,
+    allowed_hosts: Vec<String>,
+) -> Result<McpHttpService, Error> {
+    streamable_http_service_with(
+        gateway,
+        auth,
+        HttpOptions {
+            allowed_hosts,
+            ..HttpOptions::default()
+        },
+    )
+}
+
+/// [`streamable_http_service`] with every setting.
+pub fn streamable_http_service_with(
+    gateway: Arc<dyn Gateway>,
+    auth: impl Fn(&http::request::Parts) -> Option<Caller> + Send + Sync + 'static,
+    options: HttpOptions,
+) -> Result<McpHttpService, Error> {
+    let shared = Arc::new(Shared::new(gateway, options.options)?);
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(options.allowed_hosts)
+        .with_legacy_session_mode(options.sessions)
+        // One JSON answer per request where the handler sends nothing else first: tools here
+        // never stream progress.
+        .with_json_response(!options.sessions);
+    let inner = StreamableHttpService::new(
+        move || {
+            Ok(Handler {
+                shared: shared.clone(),
+                who: Who::PerRequest,
+            })
+        },
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Ok(McpHttpService {
+        inner,
+        auth: Arc::new(auth),
+    })
+}
+
+fn unauthorized() -> Response<Body> {
+    let outcome = Outcome::rejected(
+        None,
+        ErrorCode::Unauthorized,
+        "a valid bearer token is required",
+    );
+    let body = serde_json::to_vec(&outcome).unwrap_or_default();
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl tower::Service<Request<Body>> for McpHttpService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        // Every request is authenticated on its own, session or not, so a session id never
+        // carries one tenant's identity into another's request.
+        let Some(caller) = (self.auth)(&parts) else {
+            return Box::pin(std::future::ready(Ok(unauthorized())));
+        };
+        parts.extensions.insert(Authenticated(caller));
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            let response = match inner.call(Request::from_parts(parts, body)).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            Ok(response.map(Body::new))
+        })
+    }
+}

@@ -1,0 +1,301 @@
+//! `idemgate mcp`: the contracts as MCP tools over stdio, for one local agent.
+//!
+//! The binary opens the store from `--store` and calls [`run`]; everything else — loading
+//! contracts, building downstreams, the executor, the recoverer, the stdio server — is here.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::clock::SystemClock;
+use idemgate_core::contract::{Contract, LoadError};
+use idemgate_core::effect::{AllowAll, Authorizer, Downstream};
+use idemgate_core::key::OperationKey;
+use idemgate_core::store::Store;
+use idemgate_downstream_http::{AuthorizerByTool, HttpDownstream};
+use idemgate_engine::{Caller, Executor, Recoverer, Settings};
+
+use crate::adapter::{self, Options};
+use crate::fake::FakeDownstreams;
+use crate::gateway::{self, Gateway, LocalGateway};
+
+/// Flags of `idemgate mcp`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct McpArgs {
+    /// Operation store: `sqlite://PATH` or `postgres://…`.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "sqlite://idemgate.sqlite",
+        env = "IDEMGATE_STORE"
+    )]
+    pub store: String,
+    /// Contract files; a `*` in the last path segment is expanded here, so the default works
+    /// without a shell.
+    #[arg(long, value_name = "GLOB", num_args = 1.., default_value = "contracts/*.yaml")]
+    pub contracts: Vec<String>,
+    /// The tenant every operation of this local agent belongs to.
+    #[arg(long, default_value = "local", env = "IDEMGATE_TENANT")]
+    pub tenant: String,
+    /// The environment part of every operation key.
+    #[arg(long, default_value = "development", env = "IDEMGATE_ENVIRONMENT")]
+    pub environment: String,
+    /// Who is recorded as the actor of each operation.
+    #[arg(long, default_value = "mcp-stdio", env = "IDEMGATE_ACTOR")]
+    pub actor: String,
+    /// Send every effect to an in-process fake system of record (per contract, deduplicating
+    /// and offering lookups as the contract declares), for demos and tests. Also serves the
+    /// hidden `idemgate_fake_downstream` tool that reads and scripts the fakes.
+    #[arg(long)]
+    pub fake_downstream: bool,
+}
+
+/// Why `idemgate mcp` could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{pattern}: {message}")]
+    Glob { pattern: String, message: String },
+    #[error("no contract files match {0:?}")]
+    NoContracts(Vec<String>),
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Contract(#[from] LoadError),
+    #[error("--tenant, --environment and --actor: {0}")]
+    Identity(String),
+    #[error("{0}")]
+    Downstream(String),
+    #[error(transparent)]
+    Gateway(#[from] gateway::Error),
+    #[error(transparent)]
+    Serve(#[from] adapter::Error),
+}
+
+/// Expands one pattern: a `*` may appear in the last path segment only (`contracts/*.yaml`);
+/// a pattern without `*` names a file. Matches are sorted, so tools list in a stable order.
+pub fn expand(pattern: &str) -> Result<Vec<PathBuf>, Error> {
+    let glob_err = |message: &str| Error::Glob {
+        pattern: pattern.to_string(),
+        message: message.to_string(),
+    };
+    let path = Path::new(pattern);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| glob_err("names no file"))?;
+    if !name.contains('*') {
+        if pattern.contains('*') {
+            return Err(glob_err("`*` is only expanded in the last path segment"));
+        }
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if dir.to_string_lossy().contains('*') {
+        return Err(glob_err("`*` is only expanded in the last path segment"));
+    }
+    let entries = std::fs::read_dir(&dir).map_err(|e| glob_err(&e.to_string()))?;
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| e.file_name().to_str().is_some_and(|n| wildcard(name, n)))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+fn wildcard(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    if !text.starts_with(first) || text.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    if !text.ends_with(last) {
+        return false;
+    }
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(at) => rest = &rest[at + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Loads every contract the patterns name.
+pub fn load_contracts(patterns: &[String]) -> Result<Vec<Arc<Contract>>, Error> {
+    let mut files = Vec::new();
+    for pattern in patterns {
+        files.extend(expand(pattern)?);
+    }
+    if files.is_empty() {
+        return Err(Error::NoContracts(patterns.to_vec()));
+    }
+    let mut contracts = Vec::new();
+    for file in files {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(&file).map_err(|source| Error::Read {
+            path: name.clone(),
+            source,
+        })?;
+        contracts.push(Arc::new(Contract::load(&text, &name)?));
+    }
+    Ok(contracts)
+}
+
+/// Builds the executor and gateway for `args` over `store`. With `--fake-downstream`, returns
+/// the fakes too.
+pub fn gateway(
+    args: &McpArgs,
+    store: Arc<dyn Store>,
+    contracts: Vec<Arc<Contract>>,
+) -> Result<(LocalGateway, Option<FakeDownstreams>), Error> {
+    // The tenant, environment and actor end up in operation keys and records: check them now
+    // rather than rejecting every call later.
+    OperationKey::new(&args.tenant, &args.environment, "w", "s")
+        .map_err(|e| Error::Identity(e.to_string()))?;
+    if args.actor.trim().is_empty() {
+        return Err(Error::Identity("the actor is empty".into()));
+    }
+    let (authorizer, fakes): (Arc<dyn Authorizer>, _) = if args.fake_downstream {
+        // The fakes stand in for the systems of record, authorization hooks included.
+        (
+            Arc::new(AllowAll),
+            Some(FakeDownstreams::for_contracts(&contracts)),
+        )
+    } else {
+        let hooks = AuthorizerByTool::from_contracts(contracts.iter().map(|c| c.as_ref()))
+            .map_err(|e| Error::Downstream(e.to_string()))?;
+        (Arc::new(hooks), None)
+    };
+    let executor = Executor::new(
+        store,
+        Arc::new(SystemClock),
+        authorizer,
+        Settings::default(),
+    );
+    let gateway = LocalGateway::new(
+        executor,
+        args.environment.clone(),
+        contracts,
+        |contract| -> Result<Arc<dyn Downstream>, String> {
+            match &fakes {
+                Some(fakes) => fakes
+                    .downstream(&contract.name)
+                    .ok_or_else(|| "no fake downstream".to_string()),
+                None => HttpDownstream::from_contract(contract)
+                    .map(|d| Arc::new(d) as Arc<dyn Downstream>)
+                    .map_err(|e| {
+                        format!("{e} (run with --fake-downstream to try the tools without one)")
+                    }),
+            }
+        },
+    )?;
+    Ok((gateway, fakes))
+}
+
+/// Runs `idemgate mcp` until the client closes stdin, or Ctrl-C / SIGTERM.
+pub async fn run(args: McpArgs, store: Arc<dyn Store>) -> Result<(), Error> {
+    let contracts = load_contracts(&args.contracts)?;
+    let (gateway, fakes) = gateway(&args, store, contracts)?;
+    let gateway = Arc::new(gateway);
+    let caller = Caller {
+        tenant: args.tenant.clone(),
+        actor: args.actor.clone(),
+        role: "agent".into(),
+    };
+    tracing::info!(
+        tools = gateway.tools().len(),
+        tenant = caller.tenant,
+        environment = args.environment,
+        fake_downstream = args.fake_downstream,
+        "serving MCP over stdio"
+    );
+    // Abandoned claims and accepted jobs are driven by the recoverer, not only by retries.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let recoverer = Recoverer::new(gateway.executor().clone(), gateway.clone());
+    let mut stop = stop_rx.clone();
+    let recovering = tokio::spawn(recoverer.run(
+        Duration::from_secs(2),
+        Duration::from_secs(300),
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+    let result = adapter::serve_stdio(gateway, caller, Options { fakes }, signal()).await;
+    let _ = stop_tx.send(true);
+    let _ = recovering.await;
+    Ok(result?)
+}
+
+/// Ctrl-C or SIGTERM.
+async fn signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_like_a_shell_in_one_segment() {
+        for (pattern, text, expect) in [
+            ("*.yaml", "tickets.create.yaml", true),
+            ("*.yaml", "tickets.create.yml", false),
+            ("tickets.*.yaml", "tickets.get.yaml", true),
+            ("tickets.*.yaml", "email.send.yaml", false),
+            ("*", "anything", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+            ("exact", "exact", true),
+        ] {
+            assert_eq!(wildcard(pattern, text), expect, "{pattern} ~ {text}");
+        }
+    }
+
+    #[test]
+    fn expand_lists_sorted_files_and_refuses_stars_in_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b.yaml", "a.yaml", "c.txt"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let pattern = format!("{}/*.yaml", dir.path().display());
+        let found: Vec<String> = expand(&pattern)
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(found, ["a.yaml", "b.yaml"]);
+        assert!(expand("contr*/x.yaml").is_err());
+    }
+}

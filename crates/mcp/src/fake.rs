@@ -1,0 +1,216 @@
+//! In-process fake downstreams for demos and tests: `idemgate mcp --fake-downstream`.
+//!
+//! Each contract gets its own [`FakeDownstream`], configured as its contract declares
+//! (deduplicates on the key, offers a receipt lookup), so the fake is no more forgiving than
+//! the real system of record would be: a duplicate the executor let through shows up as a
+//! second effect in the fake's own table, not absorbed by deduplication the contract does not
+//! promise.
+//!
+//! The fakes are controlled and read through one hidden tool, [`CONTROL_TOOL`], served only
+//! when fakes are in use. It is not listed by `tools/list` (a model should not see it), but a
+//! test client may call it by name: `stats` reads the fake's own counts, `push_fault` scripts
+//! the next call (commit then drop the answer, accept a job, …), `complete_job` / `fail_job`
+//! finish an accepted job.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idemgate_conformance::downstream::{FakeDownstream, Fault, JobState};
+use idemgate_core::ErrorCode;
+use idemgate_core::contract::Contract;
+use idemgate_core::effect::Downstream;
+use serde_json::{Map, Value, json};
+
+/// The hidden tool that reads and scripts the fake downstreams.
+pub const CONTROL_TOOL: &str = "idemgate_fake_downstream";
+
+/// One fake system of record per contract, by contract name.
+#[derive(Clone, Debug, Default)]
+pub struct FakeDownstreams {
+    fakes: BTreeMap<String, FakeDownstream>,
+}
+
+impl FakeDownstreams {
+    /// A fake per contract, with the contract's declared deduplication and receipt lookup.
+    pub fn for_contracts(contracts: &[Arc<Contract>]) -> FakeDownstreams {
+        let fakes = contracts
+            .iter()
+            .map(|c| {
+                let fake = FakeDownstream::new()
+                    .deduplicating(c.deduplicates())
+                    .with_receipt_lookup(c.receipt_lookup());
+                (c.name.clone(), fake)
+            })
+            .collect();
+        FakeDownstreams { fakes }
+    }
+
+    /// The fake of one contract, as the executor's downstream.
+    pub fn downstream(&self, contract: &str) -> Option<Arc<dyn Downstream>> {
+        self.fakes
+            .get(contract)
+            .map(|f| Arc::new(f.clone()) as Arc<dyn Downstream>)
+    }
+
+    pub fn get(&self, contract: &str) -> Option<&FakeDownstream> {
+        self.fakes.get(contract)
+    }
+
+    /// Finds a fake by contract name or by its MCP tool name.
+    fn find(&self, tool: &str) -> Option<(&str, &FakeDownstream)> {
+        self.fakes
+            .iter()
+            .find(|(name, _)| name.as_str() == tool || crate::tools::tool_name(name) == tool)
+            .map(|(name, fake)| (name.as_str(), fake))
+    }
+
+    /// Carries out one call of [`CONTROL_TOOL`]. `Err` is a message for a tool error.
+    pub fn control(&self, arguments: &Map<String, Value>) -> Result<Value, String> {
+        let text = |name: &str| arguments.get(name).and_then(Value::as_str);
+        let action = text("action").ok_or("`action` is required")?;
+        let tool = text("tool").ok_or("`tool` is required")?;
+        let (name, fake) = self
+            .find(tool)
+            .ok_or_else(|| format!("no fake downstream for `{tool}`"))?;
+        match action {
+            "stats" => {}
+            "push_fault" => {
+                let fault = match text("fault").ok_or("`fault` is required")? {
+                    "commit_then_drop" => Fault::CommitThenDrop,
+                    "commit_then_fail" => Fault::CommitThenFail,
+                    "malformed" => Fault::Malformed,
+                    "not_sent" => Fault::NotSent,
+                    "timeout" => Fault::Timeout,
+                    "accept_job" => Fault::AcceptJob,
+                    "precondition_failed" => Fault::PreconditionFailed,
+                    "refuse" => Fault::Refuse {
+                        code: ErrorCode::DownstreamRejected,
+                        message: "the fake downstream refused".into(),
+                    },
+                    other => return Err(format!("unknown fault `{other}`")),
+                };
+                fake.push_fault(fault);
+            }
+            "complete_job" => {
+                let job = text("job_id").ok_or("`job_id` is required")?;
+                Self::running(fake, job)?;
+                fake.complete_job(job);
+            }
+            "fail_job" => {
+                let job = text("job_id").ok_or("`job_id` is required")?;
+                Self::running(fake, job)?;
+                fake.fail_job(job, "the fake job failed");
+            }
+            other => return Err(format!("unknown action `{other}`")),
+        }
+        Ok(stats(name, fake))
+    }
+
+    /// The fake panics on finishing a job that is not running (a broken test); the control tool
+    /// answers an error instead.
+    fn running(fake: &FakeDownstream, job: &str) -> Result<(), String> {
+        match fake.job(job) {
+            Some(JobState::Running) => Ok(()),
+            Some(_) => Err(format!("job `{job}` already finished")),
+            None => Err(format!("no job `{job}`")),
+        }
+    }
+}
+
+/// The fake's own counts: what the system of record saw, independent of idemgate's store.
+fn stats(name: &str, fake: &FakeDownstream) -> Value {
+    let jobs: Vec<Value> = fake
+        .job_ids()
+        .into_iter()
+        .map(|id| {
+            let state = match fake.job(&id) {
+                Some(JobState::Running) => "running",
+                Some(JobState::Done(_)) => "done",
+                Some(JobState::Failed(_)) => "failed",
+                None => "missing",
+            };
+            json!({"job_id": id, "state": state})
+        })
+        .collect();
+    let effects: Vec<Value> = fake
+        .effect_log()
+        .into_iter()
+        .map(|e| json!({"key": e.key.as_str(), "reference": e.reference, "attempt": e.attempt}))
+        .collect();
+    json!({
+        "tool": name,
+        "effects": fake.effects(),
+        "calls": fake.calls(),
+        "deduplicated": fake.deduplicated(),
+        "lookups": fake.lookups(),
+        "polls": fake.polls(),
+        "faults_pending": fake.faults_pending(),
+        "effect_log": effects,
+        "jobs": jobs,
+    })
+}
+
+/// The input schema of [`CONTROL_TOOL`].
+pub fn control_schema() -> Map<String, Value> {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["stats", "push_fault", "complete_job", "fail_job"]},
+            "tool": {"type": "string"},
+            "fault": {"type": "string", "enum": [
+                "commit_then_drop", "commit_then_fail", "malformed", "not_sent", "timeout",
+                "accept_job", "precondition_failed", "refuse"
+            ]},
+            "job_id": {"type": "string"}
+        },
+        "required": ["action", "tool"],
+        "additionalProperties": false
+    });
+    schema.as_object().cloned().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn control_reports_and_scripts_by_contract_or_tool_name() {
+        let fakes = FakeDownstreams {
+            fakes: BTreeMap::from([("tickets.create".to_string(), FakeDownstream::new())]),
+        };
+        let s = fakes
+            .control(&args(json!({"action": "stats", "tool": "tickets_create"})))
+            .unwrap();
+        assert_eq!(
+            (s["tool"].clone(), s["effects"].clone()),
+            (json!("tickets.create"), json!(0))
+        );
+        let s = fakes
+            .control(&args(
+                json!({"action": "push_fault", "tool": "tickets.create", "fault": "accept_job"}),
+            ))
+            .unwrap();
+        assert_eq!(s["faults_pending"], json!(1));
+        for (bad, expect) in [
+            (
+                json!({"action": "stats", "tool": "nope"}),
+                "no fake downstream for `nope`",
+            ),
+            (
+                json!({"action": "push_fault", "tool": "tickets.create", "fault": "x"}),
+                "unknown fault `x`",
+            ),
+            (
+                json!({"action": "complete_job", "tool": "tickets.create", "job_id": "job_9"}),
+                "no job `job_9`",
+            ),
+            (json!({"tool": "tickets.create"}), "`action` is required"),
+        ] {
+            assert_eq!(fakes.control(&args(bad)).unwrap_err(), expect);
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! idemgate's MCP face: every tool contract becomes an MCP tool, served over stdio and
+//! streamable HTTP, and every call goes through the executor.
+//!
+//! Reading order:
+//!
+//! - [`Gateway`] — what this face needs from whoever runs the executor: the contracts,
+//!   `invoke` one delivery, `status` of an operation for the caller's tenant. [`LocalGateway`]
+//!   implements it over an in-process `Executor`; the HTTP gateway implements it over its own
+//!   state.
+//! - [`tools`] — the mapping as plain data: contract ⇒ tool name, description, schemas and
+//!   annotations; `_meta` ⇒ operation identity; outcome ⇒ result with one sentence for the model.
+//! - [`adapter`] — **the only module that knows the MCP SDK** (`rmcp`): the server handler,
+//!   [`serve_stdio`], and [`streamable_http_service`] to mount at `/mcp`.
+//! - [`fake`] — per-contract fake downstreams and their hidden control tool, for
+//!   `idemgate mcp --fake-downstream`.
+//! - [`cli`] — `idemgate mcp`: flags, contract loading, the executor and recoverer, stdio.
+//!
+//! The operation key is never the model's: the agent runtime names the operation in the call's
+//! `_meta` (`"io.idemgate/operation": {"workflow_id", "step_id"}`), the tenant comes from the
+//! caller's credentials (stdio: configuration), the environment from the server.
+
+pub mod adapter;
+pub mod cli;
+pub mod fake;
+pub mod gateway;
+pub mod tools;
+
+pub use adapter::{
+    HttpOptions, McpHttpService, Options, serve_io, serve_stdio, streamable_http_service,
+    streamable_http_service_with,
+};
+pub use gateway::{Gateway, LocalGateway};

@@ -1,0 +1,786 @@
+//! Contracts as MCP tool descriptions, and outcomes as MCP results — as plain data.
+//!
+//! Nothing here knows the MCP SDK: a [`ToolSpec`] is what the adapter turns into the SDK's
+//! tool type, a [`Reply`] what it turns into a call result. Keeping the mapping pure keeps it
+//! testable as a table and keeps the fast-moving SDK behind one module.
+//!
+//! The mapping, in one place:
+//!
+//! - **Name.** [`tool_name`]: the contract name with every `.` replaced by `_`
+//!   (`tickets.create` ⇒ `tickets_create`). Contract names are already 1–128 characters of
+//!   `A-Z a-z 0-9 . _ -`, which the MCP naming rules allow; the dot is replaced anyway because
+//!   several model APIs behind MCP clients accept only `[A-Za-z0-9_-]` in function names. Two
+//!   contracts that map to one name, or a contract that maps onto a tool name idemgate itself
+//!   uses, are refused when the catalog is built ([`Catalog::new`]).
+//! - **Description.** Purpose, use-when and do-not-use-when from the contract, then the retry
+//!   semantics of its effect class ([`describe`]).
+//! - **Schemas.** `inputSchema` is the contract's input schema unchanged (it never contains the
+//!   operation key); `outputSchema` is the outcome shape ([`outcome_schema`]).
+//! - **Annotations.** From the effect class ([`Hints::of`]); hints for clients, never trusted
+//!   by idemgate.
+//! - **Identity.** `_meta["io.idemgate/operation"] = {"workflow_id", "step_id"}` on the call
+//!   ([`operation_from_meta`]); never the JSON-RPC id, never a model's tool-call id.
+//! - **Result.** `structuredContent` is the outcome, the text is one sentence ([`sentence`]),
+//!   `isError` is set for `rejected` and `unknown` ([`Reply::from_outcome`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idemgate_core::contract::{Contract, EffectClass};
+use idemgate_core::outcome::{ALL_CODES, ErrorCode, NextAction, Outcome, Status};
+use serde_json::{Map, Value, json};
+
+/// The `_meta` member under which the agent runtime names the operation of a call.
+pub const OPERATION_META: &str = "io.idemgate/operation";
+
+/// The `_meta` member on each listed tool describing the contract behind it.
+pub const CONTRACT_META: &str = "io.idemgate/contract";
+
+/// The tool that polls an operation by key.
+pub const STATUS_TOOL: &str = "idemgate_operation_status";
+
+/// Tool names idemgate reserves for itself; a contract may not map onto one.
+pub const RESERVED_TOOLS: &[&str] = &[STATUS_TOOL, crate::fake::CONTROL_TOOL];
+
+/// The longest sentence put into a result's text content. Error messages name fields, never
+/// values, but a schema error can still be long; the full message stays in the outcome.
+const MAX_SENTENCE: usize = 400;
+
+/// The MCP tool name of a contract: `.` becomes `_`, everything else is kept.
+pub fn tool_name(contract_name: &str) -> String {
+    contract_name.replace('.', "_")
+}
+
+/// Why a catalog could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(
+        "contracts `{first}` and `{second}` both become the MCP tool `{tool}`; rename one (`.` maps to `_`)"
+    )]
+    NameCollision {
+        tool: String,
+        first: String,
+        second: String,
+    },
+    #[error("contract `{contract}` becomes the MCP tool `{tool}`, which idemgate reserves")]
+    Reserved { tool: String, contract: String },
+}
+
+/// Client hints from the effect class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hints {
+    pub read_only: bool,
+    pub destructive: bool,
+    pub idempotent: bool,
+    pub open_world: bool,
+}
+
+impl Hints {
+    /// `idempotentHint` is true for the key-based classes because idemgate makes a repeated
+    /// call of the same operation return the stored result; `destructiveHint` is true where the
+    /// effect overwrites or cannot be taken back; every contract has a downstream, so
+    /// `openWorldHint` is true.
+    pub fn of(class: EffectClass) -> Hints {
+        let (read_only, destructive, idempotent) = match class {
+            EffectClass::Read => (true, false, true),
+            // An absolute update replaces the previous value.
+            EffectClass::NaturalIdempotent => (false, true, true),
+            // Creates something new; repeats of one operation replay.
+            EffectClass::KeyBased => (false, false, true),
+            EffectClass::Irreversible => (false, true, true),
+            // Refused when a contract is loaded; described honestly should one ever appear.
+            EffectClass::NonIdempotent => (false, true, false),
+        };
+        Hints {
+            read_only,
+            destructive,
+            idempotent,
+            open_world: true,
+        }
+    }
+}
+
+/// Whether a call needs the operation identity in `_meta`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// Key-based and irreversible tools: a call without it is rejected.
+    Required,
+    /// Natural-idempotent tools: with it the call is recorded under its key, without it the
+    /// call runs unrecorded (repeating it is harmless by the contract's declaration).
+    Optional,
+    /// Reads: ignored.
+    Ignored,
+}
+
+impl Identity {
+    pub fn of(class: EffectClass) -> Identity {
+        match class {
+            EffectClass::KeyBased | EffectClass::Irreversible | EffectClass::NonIdempotent => {
+                Identity::Required
+            }
+            EffectClass::NaturalIdempotent => Identity::Optional,
+            EffectClass::Read => Identity::Ignored,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Identity::Required => "required",
+            Identity::Optional => "optional",
+            Identity::Ignored => "ignored",
+        }
+    }
+}
+
+/// One MCP tool as data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    /// The contract behind it; `None` for idemgate's own tools.
+    pub contract: Option<String>,
+    pub title: String,
+    pub description: String,
+    pub input_schema: Map<String, Value>,
+    pub output_schema: Option<Map<String, Value>>,
+    pub hints: Hints,
+    pub meta: Option<Map<String, Value>>,
+}
+
+impl ToolSpec {
+    pub fn from_contract(contract: &Contract) -> ToolSpec {
+        let input_schema = match &contract.input_schema {
+            Value::Object(schema) => schema.clone(),
+            // A contract's schema is an object schema; anything else would not load. An empty
+            // object schema is the honest fallback rather than a panic.
+            _ => Map::from_iter([("type".to_string(), json!("object"))]),
+        };
+        let meta = json!({
+            CONTRACT_META: {
+                "name": contract.name,
+                "version": contract.version,
+                "effect_class": contract.effect_class.as_str(),
+                "operation_identity": Identity::of(contract.effect_class).as_str(),
+            }
+        });
+        ToolSpec {
+            name: tool_name(&contract.name),
+            contract: Some(contract.name.clone()),
+            title: contract.name.clone(),
+            description: describe(contract),
+            input_schema,
+            output_schema: Some(outcome_schema()),
+            hints: Hints::of(contract.effect_class),
+            meta: meta.as_object().cloned(),
+        }
+    }
+
+    /// The status tool: polls an operation by its key, within the caller's tenant.
+    pub fn status() -> ToolSpec {
+        let input = json!({
+            "type": "object",
+            "properties": {
+                "operation_key": {
+                    "type": "string",
+                    "minLength": 7,
+                    "maxLength": 255,
+                    "description": "The operation_key of an earlier outcome (tenant:environment:workflow_id:step_id)."
+                }
+            },
+            "required": ["operation_key"],
+            "additionalProperties": false
+        });
+        ToolSpec {
+            name: STATUS_TOOL.to_string(),
+            contract: None,
+            title: "operation status".to_string(),
+            description: "Reads where an operation stands, by the operation_key of an earlier outcome. \
+Use it to poll an operation that answered `in_flight` (a running job, another worker, a pending approval) \
+instead of calling its tool again. Answers the same outcome shape as the tools: `replayed` with the stored \
+result once it is done, `in_flight` while it runs, `unknown` when it needs reconciliation by an operator. \
+An operation of another tenant, or one that does not exist, answers `rejected` with `not_found`. \
+Reading a status never performs an effect."
+                .to_string(),
+            input_schema: input.as_object().cloned().unwrap_or_default(),
+            output_schema: Some(outcome_schema()),
+            hints: Hints {
+                read_only: true,
+                destructive: false,
+                idempotent: true,
+                // It reads idemgate's own records (and may poll a job the record names).
+                open_world: false,
+            },
+            meta: None,
+        }
+    }
+}
+
+/// The description a model reads: what the tool is for, when not to use it, and what a repeated
+/// call returns.
+pub fn describe(contract: &Contract) -> String {
+    let file = &contract.file;
+    let mut out = String::new();
+    match file.purpose.as_deref().map(str::trim) {
+        Some(purpose) if !purpose.is_empty() => out.push_str(purpose),
+        _ => out.push_str(&format!("Performs `{}`.", contract.name)),
+    }
+    let list = |out: &mut String, title: &str, items: &[String]| {
+        if items.is_empty() {
+            return;
+        }
+        out.push_str("\n\n");
+        out.push_str(title);
+        for item in items {
+            out.push_str("\n- ");
+            out.push_str(item.trim());
+        }
+    };
+    list(&mut out, "Use when:", &file.use_when);
+    list(&mut out, "Do not use when:", &file.do_not_use_when);
+    out.push_str("\n\nRetries: ");
+    out.push_str(retry_semantics(contract));
+    out
+}
+
+fn retry_semantics(contract: &Contract) -> &'static str {
+    const KEYED: &str = "idemgate runs each operation once. The operation is named by the \
+application running you, not by you. Calling again for the same operation performs no new \
+effect: it answers `replayed` with the stored result. `in_flight`: it is still running — do not \
+call again; poll `idemgate_operation_status` with the operation_key. `unknown`: it may have \
+happened and cannot be proved — do not call again; an operator reconciles it. `rejected`: \
+nothing happened; read error.code. Every answer carries `status`, `next_action` and \
+`safe_to_repeat`.";
+    match contract.effect_class {
+        EffectClass::Read => {
+            "A read: no effect, calling again is harmless. Every answer carries `status` and \
+`next_action`; `rejected` means nothing was read, see error.code."
+        }
+        EffectClass::NaturalIdempotent => {
+            "An absolute update: repeating the same call sets the same value again and is \
+harmless. When the application names the operation, a repeat answers `replayed` with the stored \
+result. `rejected` with `precondition_failed` means the target changed since you read it: read \
+it again before deciding. `unknown`: do not call again; an operator reconciles it."
+        }
+        EffectClass::KeyBased => KEYED,
+        EffectClass::Irreversible => {
+            "Irreversible. idemgate runs each operation once and may hold it for an operator's \
+approval (`in_flight` with next_action `ask_for_approval`). The operation is named by the \
+application running you, not by you. Calling again for the same operation performs no new \
+effect: it answers `replayed` with the stored result. `in_flight`: do not call again; poll \
+`idemgate_operation_status` with the operation_key. `unknown`: it may have happened and cannot \
+be proved — do not call again; an operator reconciles it. `rejected`: nothing happened; read \
+error.code."
+        }
+        EffectClass::NonIdempotent => {
+            "Not executed: non_idempotent tools must be redesigned as keyed commands."
+        }
+    }
+}
+
+fn status_name(status: Status) -> &'static str {
+    // Exhaustive on purpose: a new status must be added to the output schema.
+    match status {
+        Status::Applied => Status::Applied.as_str(),
+        Status::Replayed => Status::Replayed.as_str(),
+        Status::InFlight => Status::InFlight.as_str(),
+        Status::Rejected => Status::Rejected.as_str(),
+        Status::Unknown => Status::Unknown.as_str(),
+    }
+}
+
+const ALL_STATUSES: [Status; 5] = [
+    Status::Applied,
+    Status::Replayed,
+    Status::InFlight,
+    Status::Rejected,
+    Status::Unknown,
+];
+
+const ALL_NEXT: [NextAction; 5] = [
+    NextAction::None,
+    NextAction::Poll,
+    NextAction::Reconcile,
+    NextAction::AskForApproval,
+    NextAction::InspectOperation,
+];
+
+fn next_name(next: NextAction) -> &'static str {
+    match next {
+        NextAction::None => "none",
+        NextAction::Poll => "poll",
+        NextAction::Reconcile => "reconcile",
+        NextAction::AskForApproval => "ask_for_approval",
+        NextAction::InspectOperation => "inspect_operation",
+    }
+}
+
+/// The JSON Schema of [`Outcome`]: every member always present, `null` where it does not apply.
+pub fn outcome_schema() -> Map<String, Value> {
+    let statuses: Vec<&str> = ALL_STATUSES.iter().map(|s| status_name(*s)).collect();
+    let next: Vec<&str> = ALL_NEXT.iter().map(|n| next_name(*n)).collect();
+    let codes: Vec<&str> = ALL_CODES.iter().map(|c| c.as_str()).collect();
+    let schema = json!({
+        "type": "object",
+        "title": "idemgate outcome",
+        "properties": {
+            "status": {
+                "type": "string",
+                "enum": statuses,
+                "description": "applied: this call performed the effect. replayed: done earlier, stored result, no new effect. in_flight: still running or awaiting approval; poll. rejected: nothing happened. unknown: may have happened, cannot be proved; do not call again."
+            },
+            "operation_key": {"type": ["string", "null"]},
+            "effect_reference": {
+                "type": ["string", "null"],
+                "description": "The system of record's reference for the effect (ticket id, message id, job id)."
+            },
+            "safe_to_repeat": {
+                "type": "boolean",
+                "description": "Whether this business action may be attempted again without risking a second effect."
+            },
+            "next_action": {"type": "string", "enum": next},
+            "retry_after_seconds": {"type": ["integer", "null"], "minimum": 0},
+            "result": {"description": "The replay-safe result of the effect, or null."},
+            "error": {
+                "anyOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "code": {"type": "string", "enum": codes},
+                            "message": {"type": "string"}
+                        },
+                        "required": ["code", "message"]
+                    }
+                ]
+            }
+        },
+        "required": [
+            "status", "operation_key", "effect_reference", "safe_to_repeat",
+            "next_action", "retry_after_seconds", "result", "error"
+        ]
+    });
+    schema.as_object().cloned().unwrap_or_default()
+}
+
+/// What the adapter answers a `tools/call` with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub structured: Value,
+    pub text: String,
+    pub is_error: bool,
+}
+
+impl Reply {
+    /// `isError` for `rejected` and `unknown`: the call did not do what was asked, or may have.
+    pub fn from_outcome(tool: &str, outcome: &Outcome) -> Reply {
+        let is_error = match outcome.status {
+            Status::Rejected | Status::Unknown => true,
+            Status::Applied | Status::Replayed | Status::InFlight => false,
+        };
+        Reply {
+            structured: serde_json::to_value(outcome).unwrap_or(Value::Null),
+            text: sentence(tool, outcome),
+            is_error,
+        }
+    }
+}
+
+/// One short sentence that a model reads correctly: the status first, then what to do.
+pub fn sentence(tool: &str, outcome: &Outcome) -> String {
+    let key = outcome
+        .operation_key
+        .as_ref()
+        .map(|k| k.as_str().to_string())
+        .unwrap_or_default();
+    let reference = outcome
+        .effect_reference
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let text = match outcome.status {
+        Status::Applied if outcome.safe_to_repeat => {
+            format!("applied: {tool} answered{reference}; calling it again is harmless.")
+        }
+        Status::Applied => format!(
+            "applied: {tool} took effect for this step{reference}; do not call it again for this step."
+        ),
+        Status::Replayed => match &outcome.effect_reference {
+            Some(r) => format!(
+                "replayed: {r} was already done for this step; no new effect, do not call again."
+            ),
+            None => "replayed: this step was already done; no new effect, do not call again."
+                .to_string(),
+        },
+        Status::InFlight => match outcome.next_action {
+            NextAction::AskForApproval => format!(
+                "in_flight: operation {key} awaits an operator's approval; do not call again, poll {STATUS_TOOL} later."
+            ),
+            _ if outcome.safe_to_repeat => format!(
+                "in_flight: {tool} accepted the request{reference}; check again in {} s.",
+                outcome.retry_after_seconds.unwrap_or(1)
+            ),
+            _ => format!(
+                "in_flight: operation {key} is still running; do not call again, poll {STATUS_TOOL} with this operation_key in {} s.",
+                outcome.retry_after_seconds.unwrap_or(1)
+            ),
+        },
+        Status::Unknown if outcome.safe_to_repeat => {
+            format!("unknown: {tool} gave no clear answer; calling it again is harmless.")
+        }
+        Status::Unknown => format!(
+            "unknown: operation {key} may have taken effect and cannot be proved; do not call again, an operator must reconcile it."
+        ),
+        Status::Rejected => rejected_sentence(outcome),
+    };
+    truncate(text)
+}
+
+fn rejected_sentence(outcome: &Outcome) -> String {
+    let (code, message) = match &outcome.error {
+        Some(e) => (e.code, e.message.as_str()),
+        None => (ErrorCode::InternalError, ""),
+    };
+    let code_name = code.as_str();
+    if code == ErrorCode::MissingOperationKey {
+        return format!(
+            "rejected ({code_name}): nothing happened; this tool needs the operation identity from the application running you (_meta \"{OPERATION_META}\" with workflow_id and step_id), which you cannot supply — tell the user."
+        );
+    }
+    if code == ErrorCode::NotFound {
+        return format!("rejected ({code_name}): no such operation for this caller.");
+    }
+    let then = match (outcome.retry_after_seconds, outcome.next_action) {
+        (Some(s), _) => format!(" Try again in {s} s."),
+        (None, NextAction::InspectOperation) => {
+            " Inspect the operation before trying anything else.".to_string()
+        }
+        (None, NextAction::AskForApproval) => " Ask a person for approval.".to_string(),
+        _ => String::new(),
+    };
+    let message = message.trim_end_matches('.');
+    if message.is_empty() {
+        format!("rejected ({code_name}): nothing happened.{then}")
+    } else {
+        format!("rejected ({code_name}): nothing happened; {message}.{then}")
+    }
+}
+
+fn truncate(mut text: String) -> String {
+    if text.len() > MAX_SENTENCE {
+        let mut cut = MAX_SENTENCE - 1;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+/// A `_meta` operation identity that is present but malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("_meta \"{OPERATION_META}\" {0}")]
+pub struct MetaError(String);
+
+impl MetaError {
+    /// The answer to a call carrying it: `rejected` / `invalid_operation_key`, nothing written.
+    pub fn outcome(&self) -> Outcome {
+        Outcome::rejected(None, ErrorCode::InvalidOperationKey, self.to_string())
+    }
+}
+
+/// The operation identity the agent runtime passed in `_meta`: `(workflow_id, step_id)`.
+///
+/// Absent ⇒ `(None, None)`; the executor then rejects a key-based call with
+/// `missing_operation_key`. Present but malformed ⇒ [`MetaError`], so a runtime bug is not
+/// mistaken for a missing identity.
+pub fn operation_from_meta(
+    meta: Option<&Map<String, Value>>,
+) -> Result<(Option<String>, Option<String>), MetaError> {
+    let Some(value) = meta.and_then(|m| m.get(OPERATION_META)) else {
+        return Ok((None, None));
+    };
+    let Value::Object(fields) = value else {
+        return Err(MetaError(
+            "must be an object with string members workflow_id and step_id".into(),
+        ));
+    };
+    let part = |name: &str| match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(MetaError(format!("member {name} must be a string"))),
+    };
+    Ok((part("workflow_id")?, part("step_id")?))
+}
+
+/// The tools one server offers: idemgate's status tool, then one per contract, by MCP name.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    specs: BTreeMap<String, ToolSpec>,
+    order: Vec<String>,
+}
+
+impl Catalog {
+    /// Maps every contract to its tool and refuses ambiguous names.
+    pub fn new(contracts: &[Arc<Contract>]) -> Result<Catalog, Error> {
+        let mut specs = BTreeMap::new();
+        let mut order = Vec::new();
+        let status = ToolSpec::status();
+        order.push(status.name.clone());
+        specs.insert(status.name.clone(), status);
+        for contract in contracts {
+            let spec = ToolSpec::from_contract(contract);
+            if RESERVED_TOOLS.contains(&spec.name.as_str()) {
+                return Err(Error::Reserved {
+                    tool: spec.name,
+                    contract: contract.name.clone(),
+                });
+            }
+            if let Some(existing) = specs.get(&spec.name) {
+                return Err(Error::NameCollision {
+                    tool: spec.name.clone(),
+                    first: existing.contract.clone().unwrap_or_default(),
+                    second: contract.name.clone(),
+                });
+            }
+            order.push(spec.name.clone());
+            specs.insert(spec.name.clone(), spec);
+        }
+        Ok(Catalog { specs, order })
+    }
+
+    /// Every tool, the status tool first, then contracts in the order given.
+    pub fn tools(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.order.iter().filter_map(|n| self.specs.get(n))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ToolSpec> {
+        self.specs.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemgate_core::key::OperationKey;
+
+    fn contract(yaml: &str) -> Arc<Contract> {
+        Arc::new(Contract::load(yaml, "test.yaml").expect("contract loads"))
+    }
+
+    fn contract_named(name: &str, class: &str) -> Arc<Contract> {
+        let keyed = matches!(class, "key_based" | "irreversible");
+        let fp = if class == "read" {
+            ""
+        } else {
+            "request_fingerprint:\n  fields: [a]\n"
+        };
+        let key = if keyed || class == "natural_idempotent" {
+            "operation_key:\n  supplied_by: application\n  scope: [tenant, environment, workflow_id, step_id]\n"
+        } else {
+            ""
+        };
+        contract(&format!(
+            "name: {name}\nversion: \"1\"\npurpose: Do one thing.\nuse_when: [\"it is needed\"]\n\
+do_not_use_when: [\"it is not\"]\neffect_class: {class}\n{key}input_schema:\n  type: object\n  \
+properties:\n    a: {{type: string}}\n  additionalProperties: false\n{fp}\
+retention:\n  record_ttl: 1d\n  tombstone_ttl: 2d\n  max_retry_window: 1d\n"
+        ))
+    }
+
+    #[test]
+    fn names_map_dots_to_underscores_and_nothing_else() {
+        for (contract, tool) in [
+            ("tickets.create", "tickets_create"),
+            ("tickets.set_status", "tickets_set_status"),
+            ("a-b_c.D.e", "a-b_c_D_e"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(tool_name(contract), tool, "{contract}");
+        }
+    }
+
+    #[test]
+    fn colliding_and_reserved_names_are_refused() {
+        let a = contract_named("x.y", "key_based");
+        let b = contract_named("x_y", "key_based");
+        let err = Catalog::new(&[a, b]).unwrap_err();
+        assert_eq!(
+            err,
+            Error::NameCollision {
+                tool: "x_y".into(),
+                first: "x.y".into(),
+                second: "x_y".into()
+            }
+        );
+        let reserved = contract_named("idemgate.operation_status", "read");
+        assert!(matches!(
+            Catalog::new(&[reserved]).unwrap_err(),
+            Error::Reserved { .. }
+        ));
+    }
+
+    #[test]
+    fn hints_follow_the_effect_class() {
+        let check = |class, read_only, destructive, idempotent| {
+            let h = Hints::of(class);
+            assert_eq!(
+                (h.read_only, h.destructive, h.idempotent, h.open_world),
+                (read_only, destructive, idempotent, true),
+                "{class:?}"
+            );
+        };
+        check(EffectClass::Read, true, false, true);
+        check(EffectClass::NaturalIdempotent, false, true, true);
+        check(EffectClass::KeyBased, false, false, true);
+        check(EffectClass::Irreversible, false, true, true);
+        check(EffectClass::NonIdempotent, false, true, false);
+    }
+
+    #[test]
+    fn description_has_purpose_lists_and_retry_semantics() {
+        let c = contract_named("tickets.create", "key_based");
+        let d = describe(&c);
+        assert!(d.starts_with("Do one thing."), "{d}");
+        assert!(d.contains("Use when:\n- it is needed"), "{d}");
+        assert!(d.contains("Do not use when:\n- it is not"), "{d}");
+        assert!(d.contains("`replayed`"), "{d}");
+        assert!(d.contains("idemgate_operation_status"), "{d}");
+        assert!(d.contains("`unknown`: it may have happened"), "{d}");
+    }
+
+    #[test]
+    fn the_input_schema_is_the_contracts_and_has_no_key() {
+        let c = contract_named("tickets.create", "key_based");
+        let spec = ToolSpec::from_contract(&c);
+        assert_eq!(Value::Object(spec.input_schema.clone()), c.input_schema);
+        let text = Value::Object(spec.input_schema).to_string();
+        for forbidden in ["workflow_id", "step_id", "operation_key", "idempotency"] {
+            assert!(!text.contains(forbidden), "{forbidden} in {text}");
+        }
+        let meta = Value::Object(spec.meta.unwrap());
+        assert_eq!(
+            meta[CONTRACT_META]["operation_identity"],
+            json!("required"),
+            "{meta}"
+        );
+    }
+
+    fn key() -> OperationKey {
+        OperationKey::parse("acme:prod:run_827:step_03").unwrap()
+    }
+
+    /// Every outcome the executor can produce validates against the advertised output schema.
+    #[test]
+    fn outcomes_validate_against_the_output_schema() {
+        let schema = Value::Object(outcome_schema());
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let mut outcomes = vec![
+            Outcome::applied(key(), "ticket_1".into(), json!({"ticket_id": "ticket_1"})),
+            Outcome::replayed(key(), Some("ticket_1".into()), None),
+            Outcome::in_flight(key(), NextAction::Poll, 2),
+            Outcome::in_flight(key(), NextAction::AskForApproval, 30),
+            Outcome::unknown(key(), "connection reset"),
+        ];
+        for code in ALL_CODES {
+            outcomes.push(Outcome::rejected(Some(key()), *code, "m"));
+            outcomes.push(Outcome::rejected(None, *code, "m"));
+        }
+        for o in outcomes {
+            let v = serde_json::to_value(&o).unwrap();
+            assert!(validator.is_valid(&v), "{v}");
+        }
+        assert!(!validator.is_valid(&json!({"status": "applied"})));
+    }
+
+    fn check(outcome: Outcome, expect: &str, is_error: bool) {
+        let reply = Reply::from_outcome("tickets_create", &outcome);
+        assert_eq!(reply.text, expect);
+        assert_eq!(reply.is_error, is_error, "{expect}");
+        assert_eq!(reply.structured, serde_json::to_value(&outcome).unwrap());
+    }
+
+    #[test]
+    fn sentences_say_what_happened_and_what_to_do() {
+        check(
+            Outcome::applied(key(), "ticket_1042".into(), json!({})),
+            "applied: tickets_create took effect for this step (ticket_1042); do not call it again for this step.",
+            false,
+        );
+        check(
+            Outcome::replayed(key(), Some("ticket_1042".into()), None),
+            "replayed: ticket_1042 was already done for this step; no new effect, do not call again.",
+            false,
+        );
+        check(
+            Outcome::in_flight(key(), NextAction::Poll, 2),
+            "in_flight: operation acme:prod:run_827:step_03 is still running; do not call again, poll idemgate_operation_status with this operation_key in 2 s.",
+            false,
+        );
+        check(
+            Outcome::in_flight(key(), NextAction::AskForApproval, 30),
+            "in_flight: operation acme:prod:run_827:step_03 awaits an operator's approval; do not call again, poll idemgate_operation_status later.",
+            false,
+        );
+        check(
+            Outcome::unknown(key(), "reset"),
+            "unknown: operation acme:prod:run_827:step_03 may have taken effect and cannot be proved; do not call again, an operator must reconcile it.",
+            true,
+        );
+        check(
+            Outcome::rejected(
+                Some(key()),
+                ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
+                "this operation was claimed for a different request.",
+            ),
+            "rejected (idempotency_key_reused_with_different_request): nothing happened; this operation was claimed for a different request. Inspect the operation before trying anything else.",
+            true,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::StoreUnavailable, "the store is down"),
+            "rejected (store_unavailable): nothing happened; the store is down. Try again in 1 s.",
+            true,
+        );
+        check(
+            Outcome::rejected(None, ErrorCode::MissingOperationKey, "x"),
+            "rejected (missing_operation_key): nothing happened; this tool needs the operation identity from the application running you (_meta \"io.idemgate/operation\" with workflow_id and step_id), which you cannot supply — tell the user.",
+            true,
+        );
+    }
+
+    #[test]
+    fn long_messages_are_cut_in_the_sentence_only() {
+        let long = "x".repeat(2000);
+        let o = Outcome::rejected(None, ErrorCode::InvalidArguments, long.clone());
+        let reply = Reply::from_outcome("t", &o);
+        assert!(reply.text.chars().count() <= MAX_SENTENCE, "{}", reply.text);
+        assert_eq!(reply.structured["error"]["message"], json!(long));
+    }
+
+    #[test]
+    fn operation_identity_comes_from_meta_only() {
+        let meta = |v: Value| v.as_object().cloned().unwrap();
+        assert_eq!(operation_from_meta(None), Ok((None, None)));
+        assert_eq!(
+            operation_from_meta(Some(&meta(json!({"progressToken": 1})))),
+            Ok((None, None))
+        );
+        assert_eq!(
+            operation_from_meta(Some(&meta(json!({
+                OPERATION_META: {"workflow_id": "run_1", "step_id": "s1"}
+            })))),
+            Ok((Some("run_1".into()), Some("s1".into())))
+        );
+        for bad in [
+            json!({OPERATION_META: "run_1:s1"}),
+            json!({OPERATION_META: {"workflow_id": 7, "step_id": "s1"}}),
+        ] {
+            let err = operation_from_meta(Some(&meta(bad.clone()))).unwrap_err();
+            assert_eq!(
+                err.outcome().error_code(),
+                Some(ErrorCode::InvalidOperationKey),
+                "{bad}"
+            );
+        }
+    }
+}
