@@ -72,10 +72,18 @@ fn kill(mut child: Child) {
 
 /// Runs a worker to completion and returns the outcome it printed.
 fn deliver(p: &Place, receipt: &str, step: &str, offset_ms: i64) -> Value {
-    let out = worker(p, receipt, &["--step", step, "--clock-offset-ms", &offset_ms.to_string()])
-        .output()
-        .expect("run the worker");
-    assert!(out.status.success(), "worker failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = worker(
+        p,
+        receipt,
+        &["--step", step, "--clock-offset-ms", &offset_ms.to_string()],
+    )
+    .output()
+    .expect("run the worker");
+    assert!(
+        out.status.success(),
+        "worker failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     serde_json::from_str(text.lines().last().expect("an outcome line")).unwrap()
 }
@@ -115,7 +123,11 @@ fn sigkill_after_downstream_commit_then_restart_replays_the_receipt() {
     for receipt in ["lookup", "dedup"] {
         let p = place();
         kill(paused(&p, receipt, "s1", "commit"));
-        assert_eq!(effects(&p.ledger, "s1"), 1, "{receipt}: the effect happened before the kill");
+        assert_eq!(
+            effects(&p.ledger, "s1"),
+            1,
+            "{receipt}: the effect happened before the kill"
+        );
         let later = deliver(&p, receipt, "s1", LATER);
         assert_eq!(later["status"], "replayed", "{receipt}: {later}");
         assert_eq!(effects(&p.ledger, "s1"), 1, "{receipt}: no second effect");
@@ -139,11 +151,20 @@ fn recoverer_finishes_what_killed_workers_left() {
     let p = place();
     kill(paused(&p, "lookup", "a", "claim"));
     kill(paused(&p, "lookup", "b", "commit"));
-    let out = worker(&p, "lookup", &["--recover", "--clock-offset-ms", &LATER.to_string()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    let out = worker(
+        &p,
+        "lookup",
+        &["--recover", "--clock-offset-ms", &LATER.to_string()],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
     assert_eq!(report["recovered"], 2, "{report}");
     assert_eq!(deliver(&p, "lookup", "a", LATER)["status"], "replayed");
     assert_eq!(deliver(&p, "lookup", "b", LATER)["status"], "replayed");

@@ -804,7 +804,8 @@ pub async fn store_error_before_completion_recovers_receipt(store: Arc<dyn Store
     let spec = Spec::key_based().dedup(false);
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
-    h.store.fail_write(COMPLETION_WRITE_WITH_MARKER, StoreFault::Before);
+    h.store
+        .fail_write(COMPLETION_WRITE_WITH_MARKER, StoreFault::Before);
     let o = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(o.status, Status::Unknown, "{o:?}");
     assert_eq!(status_of(&h, "s1").await, RecordStatus::Pending);
@@ -1019,7 +1020,11 @@ pub async fn invalid_input_leaves_no_record(store: Arc<dyn Store>) {
         .executor
         .execute(&c, &half_key, &ticket("Refund"), &h.downstream)
         .await;
-    assert_eq!(o.error_code(), Some(ErrorCode::MissingOperationKey), "{o:?}");
+    assert_eq!(
+        o.error_code(),
+        Some(ErrorCode::MissingOperationKey),
+        "{o:?}"
+    );
     assert!(o.error.unwrap().message.contains("step_id"));
     let bad_key = h.deliver(&c, "step:with:colons", &ticket("Refund")).await;
     assert_eq!(bad_key.error_code(), Some(ErrorCode::InvalidOperationKey));

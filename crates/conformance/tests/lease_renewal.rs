@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_conformance::downstream::{FakeDownstream, Fault};
-use idemgate_conformance::harness::{Spec, ticket, op, key};
+use idemgate_conformance::harness::{Spec, key, op, ticket};
 use idemgate_conformance::mem::MemStore;
 use idemgate_core::clock::Clock;
 use idemgate_core::effect::AllowAll;
@@ -28,7 +28,10 @@ fn worker(store: &Arc<MemStore>, clock: &Arc<TokioClock>, name: &str) -> Executo
         store.clone(),
         clock.clone(),
         Arc::new(AllowAll),
-        Settings { worker: name.into(), ..Settings::default() },
+        Settings {
+            worker: name.into(),
+            ..Settings::default()
+        },
     )
 }
 
@@ -39,11 +42,17 @@ async fn slow_effect_keeps_its_lease() {
     let contract = spec.contract();
     let store = Arc::new(MemStore::new());
     let clock = Arc::new(TokioClock(tokio::time::Instant::now()));
-    let downstream = FakeDownstream::new().deduplicating(true).with_receipt_lookup(true);
+    let downstream = FakeDownstream::new()
+        .deduplicating(true)
+        .with_receipt_lookup(true);
     downstream.push_fault(Fault::Delay(Duration::from_secs(10)));
 
     let a = {
-        let (exec, c, ds) = (worker(&store, &clock, "worker-a"), contract.clone(), downstream.clone());
+        let (exec, c, ds) = (
+            worker(&store, &clock, "worker-a"),
+            contract.clone(),
+            downstream.clone(),
+        );
         tokio::spawn(async move { exec.execute(&c, &op("s1"), &ticket("Refund"), &ds).await })
     };
     // Well past the 3 s lease: without renewal, worker B would take the claim over.
@@ -54,7 +63,10 @@ async fn slow_effect_keeps_its_lease() {
     assert_eq!(b.status, Status::InFlight, "{b:?}");
     let record = store.get(&key("s1")).await.unwrap().unwrap();
     assert_eq!(record.fence, 1, "no takeover happened");
-    assert!(record.lease().unwrap().expires_at > clock.now(), "the lease was renewed");
+    assert!(
+        record.lease().unwrap().expires_at > clock.now(),
+        "the lease was renewed"
+    );
 
     let a = a.await.unwrap();
     assert_eq!(a.status, Status::Applied, "{a:?}");

@@ -660,13 +660,17 @@ impl Contract {
                 // field is material, so an omitted default or a re-cased value cannot slip
                 // past the rule that the fingerprint treats as the same request.
                 let material = self.material(arguments).ok();
-                self.file.security.approval_when.iter().any(|(field, values)| {
-                    material
-                        .as_ref()
-                        .and_then(|m| m.fields().get(field))
-                        .or_else(|| arguments.get(field))
-                        .is_some_and(|v| values.iter().any(|x| x == v))
-                })
+                self.file
+                    .security
+                    .approval_when
+                    .iter()
+                    .any(|(field, values)| {
+                        material
+                            .as_ref()
+                            .and_then(|m| m.fields().get(field))
+                            .or_else(|| arguments.get(field))
+                            .is_some_and(|v| values.iter().any(|x| x == v))
+                    })
             }
         }
     }

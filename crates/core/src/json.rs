@@ -64,7 +64,11 @@ fn describe(e: &serde_json::Error) -> String {
             }
         }
     };
-    format!("request body {what} (line {}, column {})", e.line(), e.column())
+    format!(
+        "request body {what} (line {}, column {})",
+        e.line(),
+        e.column()
+    )
 }
 
 /// Checks a value built elsewhere (a contract default, say) against the same number rule.
@@ -245,8 +249,14 @@ mod tests {
             "18446744073709551617",
             Err("request body a number is an integer beyond ±2^53"),
         );
-        check("1e20", Err("request body a number is an integer beyond ±2^53"));
-        check("1.5e300", Err("request body a number is an integer beyond ±2^53"));
+        check(
+            "1e20",
+            Err("request body a number is an integer beyond ±2^53"),
+        );
+        check(
+            "1.5e300",
+            Err("request body a number is an integer beyond ±2^53"),
+        );
         check("9007199254740992.0", Ok("9007199254740992.0"));
         check("-1.5e-300", Ok("-1.5e-300"));
         check(

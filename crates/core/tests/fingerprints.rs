@@ -279,10 +279,12 @@ fn strict_value(doubles: bool) -> impl Strategy<Value = Value> {
         // Strict JSON has finite numbers only; without doubles this branch is another null.
         // Doubles of magnitude past 2^53 are refused by the strict parser (each is a whole
         // number that its neighbours share), so they are not strict values either.
-        any::<f64>().prop_map(move |f| match doubles && f.is_finite() && f.abs() <= SAFE as f64 {
-            true => Value::from(f),
-            false => Value::Null,
-        }),
+        any::<f64>().prop_map(
+            move |f| match doubles && f.is_finite() && f.abs() <= SAFE as f64 {
+                true => Value::from(f),
+                false => Value::Null,
+            }
+        ),
     ];
     leaf.prop_recursive(4, 64, 8, move |inner| {
         prop_oneof![
@@ -344,7 +346,14 @@ fn canonical_bytes_parse_back_strictly() {
     // JCS writes doubles below 1e21 without an exponent (1e20 becomes a 21-digit integer
     // literal), so a parser that accepted them could not read its own canonical bytes back.
     // Every value of that magnitude is refused instead, whatever its spelling.
-    for refused in ["1e20", "1e21", "1.5e300", "[-1e20]", "12345678901234567890.5", "9007199254740994.0"] {
+    for refused in [
+        "1e20",
+        "1e21",
+        "1.5e300",
+        "[-1e20]",
+        "12345678901234567890.5",
+        "9007199254740994.0",
+    ] {
         let err = json::parse(refused.as_bytes()).unwrap_err();
         assert!(err.message.contains("beyond ±2^53"), "{refused}: {err}");
     }

@@ -379,7 +379,9 @@ impl Executor {
             &fingerprint.as_str()["sha256:".len()..],
         ) {
             Ok(key) => key,
-            Err(e) => return Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+            Err(e) => {
+                return Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string());
+            }
         };
         let request = EffectRequest {
             key: &pseudo,
@@ -989,7 +991,9 @@ impl Executor {
                     if contract.receipt_lookup() {
                         match effect.lookup_receipt(&key).await {
                             Lookup::Found(receipt) => {
-                                return self.complete(contract, &record, receipt, sent.take()).await;
+                                return self
+                                    .complete(contract, &record, receipt, sent.take())
+                                    .await;
                             }
                             Lookup::NotFound | Lookup::Unavailable(_) => {}
                         }

@@ -107,7 +107,13 @@ fn bare_operation(conn: &mut Connection, n: u64) {
     let changed = tx
         .prepare_cached(FINALISE)
         .unwrap()
-        .execute(params!["acme", key, n.to_string(), r#"{"ok":true}"#, n as i64])
+        .execute(params![
+            "acme",
+            key,
+            n.to_string(),
+            r#"{"ok":true}"#,
+            n as i64
+        ])
         .unwrap();
     assert_eq!(changed, 1);
     for kind in ["sent", "committed", "acknowledged"] {
@@ -139,8 +145,15 @@ fn bare_read(conn: &Connection, key: &str) {
 fn unique(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let store = Arc::new(SqliteStore::open(dir.path().join("executor.sqlite"), Options::default()).unwrap());
-    let executor = Executor::new(store.clone(), Arc::new(SystemClock), Arc::new(AllowAll), Settings::default());
+    let store = Arc::new(
+        SqliteStore::open(dir.path().join("executor.sqlite"), Options::default()).unwrap(),
+    );
+    let executor = Executor::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        Arc::new(AllowAll),
+        Settings::default(),
+    );
     let contract = Spec::key_based().contract();
     let bare_path = dir.path().join("bare.sqlite");
     drop(SqliteStore::open(&bare_path, Options::default()).unwrap()); // same schema
@@ -175,11 +188,19 @@ fn unique(c: &mut Criterion) {
                     let mut tasks = Vec::new();
                     for t in 0..callers as u64 {
                         let share = iters / callers as u64 + u64::from(t < iters % callers as u64);
-                        let (executor, contract, counter) = (executor.clone(), contract.clone(), counter.clone());
+                        let (executor, contract, counter) =
+                            (executor.clone(), contract.clone(), counter.clone());
                         tasks.push(tokio::spawn(async move {
                             for _ in 0..share {
                                 let n = counter.fetch_add(1, Ordering::Relaxed);
-                                let o = executor.execute(&contract, &op(&format!("u{n}")), &ticket("Refund"), &Noop).await;
+                                let o = executor
+                                    .execute(
+                                        &contract,
+                                        &op(&format!("u{n}")),
+                                        &ticket("Refund"),
+                                        &Noop,
+                                    )
+                                    .await;
                                 assert_eq!(o.status, Status::Applied, "{o:?}");
                             }
                         }));
@@ -194,20 +215,33 @@ fn unique(c: &mut Criterion) {
     }
     group.finish();
     let stats = store.stats();
-    eprintln!("group commit: {} commands in {} commits", stats.commands, stats.commits);
+    eprintln!(
+        "group commit: {} commands in {} commits",
+        stats.commands, stats.commits
+    );
 }
 
 fn replay(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let store = Arc::new(SqliteStore::open(dir.path().join("replay.sqlite"), Options::default()).unwrap());
-    let executor = Executor::new(store.clone(), Arc::new(SystemClock), Arc::new(AllowAll), Settings::default());
+    let store =
+        Arc::new(SqliteStore::open(dir.path().join("replay.sqlite"), Options::default()).unwrap());
+    let executor = Executor::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        Arc::new(AllowAll),
+        Settings::default(),
+    );
     let contract = Spec::key_based().contract();
     let first = rt.block_on(executor.execute(&contract, &op("applied"), &ticket("Refund"), &Noop));
     assert_eq!(first.status, Status::Applied);
     let key = first.operation_key.unwrap().to_string();
     let readers: Vec<Arc<Mutex<Connection>>> = (0..4)
-        .map(|_| Arc::new(Mutex::new(bare_connection(&dir.path().join("replay.sqlite")))))
+        .map(|_| {
+            Arc::new(Mutex::new(bare_connection(
+                &dir.path().join("replay.sqlite"),
+            )))
+        })
         .collect();
     let writes_before = store.stats().commands;
 
@@ -244,7 +278,9 @@ fn replay(c: &mut Criterion) {
                         let (executor, contract) = (executor.clone(), contract.clone());
                         tasks.push(tokio::spawn(async move {
                             for _ in 0..share {
-                                let o = executor.execute(&contract, &op("applied"), &ticket("Refund"), &Noop).await;
+                                let o = executor
+                                    .execute(&contract, &op("applied"), &ticket("Refund"), &Noop)
+                                    .await;
                                 assert_eq!(o.status, Status::Replayed);
                             }
                         }));
@@ -258,7 +294,11 @@ fn replay(c: &mut Criterion) {
         });
     }
     group.finish();
-    assert_eq!(store.stats().commands, writes_before, "a replay wrote to the store");
+    assert_eq!(
+        store.stats().commands,
+        writes_before,
+        "a replay wrote to the store"
+    );
 }
 
 fn config() -> Criterion {
