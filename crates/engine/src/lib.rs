@@ -10,12 +10,14 @@
 //! - [`Operation`] and [`Caller`] — who asks, and which workflow step this is.
 //! - [`Recoverer`] — drives abandoned pending records and accepted jobs without waiting for a
 //!   retry, and sweeps retention.
+//! - [`sealed::SealedStore`] — wraps any store to encrypt stored requests and results at rest.
 //!
 //! Time comes from an injected `Clock`, the store and downstream sit behind traits: the same
 //! code runs against SQLite, PostgreSQL, or in-memory fakes under a test's control.
 
 mod executor;
 mod recoverer;
+pub mod sealed;
 
 pub use executor::{
     ActionError, Caller, Executor, Observer, Operation, Resolution, Settings, default_worker_id,
