@@ -78,6 +78,11 @@ fn main() -> ExitCode {
             .map(|()| ExitCode::SUCCESS),
         Command::Mcp(args) => runtime().and_then(|rt| {
             rt.block_on(async {
+                if args.config.is_some() {
+                    // The gateway's configuration, read by the gateway's own loader.
+                    idemgate_server::mcp::stdio(args).await?;
+                    return Ok(ExitCode::SUCCESS);
+                }
                 let store = stores::open(&args.store).await?;
                 idemgate_mcp::cli::run(args, store).await?;
                 Ok(ExitCode::SUCCESS)

@@ -2,6 +2,8 @@
 //!
 //! The binary opens the store from `--store` and calls [`run`]; everything else — loading
 //! contracts, building downstreams, the executor, the recoverer, the stdio server — is here.
+//! With `--config FILE` (the gateway's TOML configuration) the binary hands the flags to
+//! `idemgate_server::mcp::stdio` instead, which reads the file with the gateway's own loader.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +24,11 @@ use crate::gateway::{self, Gateway, LocalGateway};
 /// Flags of `idemgate mcp`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct McpArgs {
+    /// The gateway's configuration file (TOML, as for `idemgate serve --config`): the store,
+    /// the environment, the contracts and `sandbox` come from it, and `--tenant` must be one
+    /// of its tenants. Replaces `--store`, `--contracts` and `--environment`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["store", "contracts", "environment"])]
+    pub config: Option<PathBuf>,
     /// Operation store: `sqlite://PATH` or `postgres://…`.
     #[arg(
         long,
@@ -34,7 +41,8 @@ pub struct McpArgs {
     /// without a shell.
     #[arg(long, value_name = "GLOB", num_args = 1.., default_value = "contracts/*.yaml")]
     pub contracts: Vec<String>,
-    /// The tenant every operation of this local agent belongs to.
+    /// The tenant every operation of this local agent belongs to (with `--config`, one of the
+    /// configuration's tenants).
     #[arg(long, default_value = "local", env = "IDEMGATE_TENANT")]
     pub tenant: String,
     /// The environment part of every operation key.
@@ -73,6 +81,8 @@ pub enum Error {
     Gateway(#[from] gateway::Error),
     #[error(transparent)]
     Serve(#[from] adapter::Error),
+    #[error("--config is read by the idemgate binary (idemgate_server::mcp::stdio), not here")]
+    Config,
 }
 
 /// Expands one pattern: a `*` may appear in the last path segment only (`contracts/*.yaml`);
@@ -208,6 +218,9 @@ pub fn gateway(
 
 /// Runs `idemgate mcp` until the client closes stdin, or Ctrl-C / SIGTERM.
 pub async fn run(args: McpArgs, store: Arc<dyn Store>) -> Result<(), Error> {
+    if args.config.is_some() {
+        return Err(Error::Config);
+    }
     let contracts = load_contracts(&args.contracts)?;
     let (gateway, fakes) = gateway(&args, store, contracts)?;
     let gateway = Arc::new(gateway);

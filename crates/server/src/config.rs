@@ -49,6 +49,8 @@ pub struct Config {
     #[serde(default)]
     pub recovery: RecoveryConfig,
     #[serde(default)]
+    pub mcp: McpConfig,
+    #[serde(default)]
     pub tenants: Vec<TenantConfig>,
 }
 
@@ -91,6 +93,31 @@ impl Default for RecoveryConfig {
             interval_seconds: 5,
             sweep_interval_seconds: 300,
         }
+    }
+}
+
+/// The MCP face at `/mcp` (streamable HTTP, the same bearer tokens as the API).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// Accepted `Host` header values at `/mcp` (`name` or `name:port`), a guard against DNS
+    /// rebinding. Unset: the loopback names and the listen address's host. An empty list
+    /// accepts any host.
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+impl McpConfig {
+    /// The `Host` values `/mcp` accepts for a gateway listening on `listen`.
+    pub fn hosts(&self, listen: SocketAddr) -> Vec<String> {
+        if let Some(hosts) = &self.allowed_hosts {
+            return hosts.clone();
+        }
+        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+        let own = listen.ip().to_string();
+        if !hosts.contains(&own) {
+            hosts.push(own);
+        }
+        hosts
     }
 }
 
@@ -177,6 +204,7 @@ impl Config {
             encryption_key_env: None,
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
+            mcp: McpConfig::default(),
             tenants: Vec::new(),
         }
     }
@@ -364,7 +392,7 @@ mod tests {
         check(
             "listen = \"127.0.0.1:0\"\nlisten_on = 1\n",
             Err(
-                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `tenants`",
+                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `mcp`, `tenants`",
             ),
         );
         check(
@@ -391,6 +419,41 @@ mod tests {
             Err(
                 "gate.toml:1: field `environment`: must be printable ASCII without spaces or `:` (it is part of every operation key)",
             ),
+        );
+        check(
+            "[mcp]\nallowed_host = []\n",
+            Err(
+                "gate.toml:2:1: field `allowed_host`: unknown field `allowed_host`, expected `allowed_hosts`",
+            ),
+        );
+    }
+
+    #[test]
+    fn mcp_hosts_default_to_loopback_and_the_listen_address() {
+        let listen: SocketAddr = "10.0.0.7:8080".parse().unwrap();
+        let config = Config::parse("", "gate.toml").unwrap();
+        assert_eq!(
+            config.mcp.hosts(listen),
+            ["localhost", "127.0.0.1", "::1", "10.0.0.7"]
+        );
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        assert_eq!(
+            config.mcp.hosts(loopback),
+            ["localhost", "127.0.0.1", "::1"]
+        );
+        let config = Config::parse(
+            "[mcp]\nallowed_hosts = [\"gate.example\", \"gate.example:8443\"]\n",
+            "gate.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            config.mcp.hosts(listen),
+            ["gate.example", "gate.example:8443"]
+        );
+        let any = Config::parse("[mcp]\nallowed_hosts = []\n", "gate.toml").unwrap();
+        assert!(
+            any.mcp.hosts(listen).is_empty(),
+            "an empty list accepts any host"
         );
     }
 }

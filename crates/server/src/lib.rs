@@ -13,6 +13,8 @@
 //! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
 //! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
 //!   RFC 9457 problems.
+//! - [`mcp`] — the MCP face over the same state: `/mcp` (streamable HTTP, the same bearer
+//!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
 //!   server loop, which takes its shutdown as a parameter.
 //! - [`serve`] — `idemgate serve`: configuration, store, recoverer, signals.
@@ -24,6 +26,7 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod headers;
+pub mod mcp;
 pub mod metrics;
 pub mod sandbox;
 pub mod serve;
@@ -85,11 +88,24 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api().1
 }
 
-/// The gateway's router: API v1, `/openapi.json`, `/console`.
+/// The gateway's router: API v1, `/openapi.json`, `/console`, and the MCP face at `/mcp`.
 pub fn router(state: AppState) -> Router {
+    app(state).0
+}
+
+/// The router and the MCP service mounted in it (absent when the tools cannot be MCP tools;
+/// `serve` refuses to start then), whose streams end on shutdown.
+fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
+    let mcp = match mcp::service(&state) {
+        Ok(service) => Some(service),
+        Err(e) => {
+            tracing::error!(error = %e, "the MCP face at /mcp is not served");
+            None
+        }
+    };
     let (routes, doc) = api();
     let doc = std::sync::Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
-    routes
+    let routes: Router = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -104,7 +120,13 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/console", get(console::page))
         .fallback(api::fallback)
-        .with_state(state)
+        .with_state(state);
+    // The MCP endpoint is JSON-RPC, not a REST resource: it is not in the OpenAPI document.
+    let router = match &mcp {
+        Some(service) => routes.nest_service("/mcp", service.clone()),
+        None => routes,
+    };
+    (router, mcp)
 }
 
 /// Serves `state` on `listener` until `shutdown` completes, then stops accepting and lets the
@@ -114,7 +136,14 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
+    let (router, mcp) = app(state);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Open MCP response streams would hold the drain open; end them.
+            if let Some(mcp) = mcp {
+                mcp.shutdown();
+            }
+        })
         .await
 }

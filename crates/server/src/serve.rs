@@ -9,12 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_core::contract::Contract;
 use idemgate_core::store::Store;
+use idemgate_engine::sealed::{SealedStore, Sealer};
 
 use crate::auth::{Principal, Role, Tokens, generate_token};
 use crate::config::{Config, Loaded};
 use crate::sandbox::SandboxEffects;
-use crate::state::Gateway;
+use crate::state::{AppState, Gateway};
 use crate::tools::{self, Effects, HttpEffects, ToolSet};
 
 /// Flags of `idemgate serve`.
@@ -88,7 +90,7 @@ fn redact(url: &str) -> String {
 }
 
 /// Picks how tools perform their effects.
-fn effects(config: &Config) -> Box<dyn Effects> {
+pub fn effects(config: &Config) -> Box<dyn Effects> {
     if config.sandbox {
         Box::new(SandboxEffects)
     } else {
@@ -118,13 +120,57 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Checks settings that can only be judged at start: the encryption key must be readable, or
+/// the gateway refuses to start rather than store results unencrypted.
+pub fn check_supported(config: &Config) -> Result<(), Error> {
+    if let Some(var) = &config.encryption_key_env {
+        Sealer::from_env(var)
+            .map_err(|e| Error::Unsupported(format!("encryption_key_env = {var:?}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The contracts a configuration names, loaded and checked; in the development set-up
+/// without contract files here, the embedded examples.
+pub fn contracts(loaded: &Loaded) -> Result<Vec<Contract>, Error> {
+    let config = &loaded.config;
+    let files = tools::expand(&config.contracts, &loaded.base).map_err(Error::Contracts)?;
+    if files.is_empty() && loaded.development {
+        eprintln!("idemgate: no contracts/*.yaml here; using the embedded example contracts");
+        tools::example_contracts().map_err(Error::Contracts)
+    } else if files.is_empty() {
+        Err(Error::Contracts(format!(
+            "no contract file matches {:?}",
+            config.contracts
+        )))
+    } else {
+        tools::load_files(&files).map_err(Error::Contracts)
+    }
+}
+
+/// Opens the configured store and assembles the gateway over `tools` and `tokens`: what
+/// `idemgate serve` and `idemgate mcp --config` share.
+pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result<AppState, Error> {
+    let store = open_store(&config.store).await?;
+    // Stored requests and results are sealed at rest when a key is configured.
+    let store: Arc<dyn Store> = match &config.encryption_key_env {
+        Some(var) => {
+            let sealer = Sealer::from_env(var)
+                .map_err(|e| Error::Unsupported(format!("encryption_key_env = {var:?}: {e}")))?;
+            Arc::new(SealedStore::new(store, sealer))
+        }
+        None => store,
+    };
+    Ok(Gateway::new(store, tools, tokens)
+        .environment(config.environment.clone())
+        .limits(config.limits)
+        .mcp_allowed_hosts(config.mcp.hosts(config.listen))
+        .build())
+}
+
 /// Runs `idemgate serve` until a shutdown signal, then drains.
 pub async fn serve(args: ServeArgs) -> Result<(), Error> {
-    let Loaded {
-        mut config,
-        base,
-        development,
-    } = match &args.config {
+    let mut loaded = match &args.config {
         Some(path) => Config::load(path)?,
         None => Loaded {
             config: Config::development(),
@@ -133,27 +179,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         },
     };
     if let Some(addr) = args.listen {
-        config.listen = addr;
+        loaded.config.listen = addr;
     }
-    if let Some(var) = &config.encryption_key_env {
-        return Err(Error::Unsupported(format!(
-            "encryption_key_env = {var:?}: encryption of stored results at rest is not implemented yet; \
-             remove the setting to store results unencrypted"
-        )));
-    }
+    check_supported(&loaded.config)?;
 
-    let files = tools::expand(&config.contracts, &base).map_err(Error::Contracts)?;
-    let contracts = if files.is_empty() && development {
-        eprintln!("idemgate: no contracts/*.yaml here; using the embedded example contracts");
-        tools::example_contracts().map_err(Error::Contracts)?
-    } else if files.is_empty() {
-        return Err(Error::Contracts(format!(
-            "no contract file matches {:?}",
-            config.contracts
-        )));
-    } else {
-        tools::load_files(&files).map_err(Error::Contracts)?
-    };
+    let contracts = contracts(&loaded)?;
+    let Loaded {
+        config,
+        development,
+        ..
+    } = loaded;
     let tools = ToolSet::build(contracts, effects(&config).as_ref()).map_err(Error::Contracts)?;
 
     let mut tokens = Tokens::from_config(&config.tenants);
@@ -175,11 +210,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         eprintln!("idemgate: warning: no tenant has a token; every API request will be refused");
     }
 
-    let store = open_store(&config.store).await?;
-    let state = Gateway::new(store, tools, tokens)
-        .environment(config.environment.clone())
-        .limits(config.limits)
-        .build();
+    let state = assemble(&config, tools, tokens).await?;
+    // The MCP face serves the same tools; a contract name it cannot map is refused now.
+    crate::mcp::check(&state).map_err(Error::Contracts)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen {
@@ -195,6 +228,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         redact(&config.store),
         state.tools().names().collect::<Vec<_>>().join(", ")
     );
+    println!("  MCP (streamable HTTP, the same tokens): http://{addr}/mcp");
     if config.sandbox {
         println!("  effects go to the in-process sandbox: they are not real");
     }

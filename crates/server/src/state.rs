@@ -23,6 +23,8 @@ pub(crate) struct Inner {
     pub tokens: Tokens,
     pub environment: String,
     pub limits: Limits,
+    /// Accepted `Host` values at `/mcp`.
+    pub mcp_hosts: Vec<String>,
 }
 
 /// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
@@ -35,6 +37,7 @@ pub struct Gateway {
     environment: String,
     limits: Limits,
     settings: Settings,
+    mcp_hosts: Vec<String>,
 }
 
 impl Gateway {
@@ -47,6 +50,11 @@ impl Gateway {
             environment: "development".into(),
             limits: Limits::default(),
             settings: Settings::default(),
+            mcp_hosts: crate::config::McpConfig::default().hosts(
+                crate::config::DEFAULT_LISTEN
+                    .parse()
+                    .expect("the default address parses"),
+            ),
         }
     }
 
@@ -67,6 +75,13 @@ impl Gateway {
 
     pub fn settings(mut self, settings: Settings) -> Gateway {
         self.settings = settings;
+        self
+    }
+
+    /// The `Host` header values `/mcp` accepts (default: the loopback names). An empty list
+    /// accepts any host.
+    pub fn mcp_allowed_hosts(mut self, hosts: Vec<String>) -> Gateway {
+        self.mcp_hosts = hosts;
         self
     }
 
@@ -91,6 +106,7 @@ impl Gateway {
                 tokens: self.tokens,
                 environment: self.environment,
                 limits: self.limits,
+                mcp_hosts: self.mcp_hosts,
             }),
         }
     }
@@ -107,6 +123,11 @@ impl AppState {
 
     pub fn tools(&self) -> &Arc<ToolSet> {
         &self.inner.tools
+    }
+
+    /// The environment part of every operation key this gateway makes.
+    pub fn environment(&self) -> &str {
+        &self.inner.environment
     }
 
     /// The background recoverer over this gateway's executor and tools.

@@ -10,12 +10,16 @@ the hidden `idemgate_fake_downstream` tool that only `--fake-downstream` serves.
 the server process, so it proves what reached the system of record, not what a separate
 process saw.
 
+`idemgate serve --config` answers MCP at `/mcp` with its own bearer tokens, and
+`idemgate mcp --config` reads the same file (one test each, at the end).
+
 Run: `IDEMGATE_BIN=… IDEMGATE_MCP_HTTP=… pytest crates/mcp/tests/python` (see .ci/run).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import uuid
@@ -344,3 +348,79 @@ def test_the_agent_runtime_example_resumes_a_step_safely(tmp_path: Path) -> None
     assert "record_issue: replayed:" in resumed.stdout
     assert "usage_report: applied:" in resumed.stdout
     assert "workflow finished" in resumed.stdout
+
+
+def gateway_config(tmp: Path) -> Path:
+    """The gateway's TOML configuration: the sandbox, tenant acme with an agent token."""
+    digest = hashlib.sha256(TOKENS["acme"].encode()).hexdigest()
+    path = tmp / "gate.toml"
+    path.write_text(
+        f'environment = "{ENVIRONMENT}"\n'
+        f'store = "sqlite://{tmp / "gate.sqlite"}"\n'
+        f'contracts = ["{CONTRACTS}"]\n'
+        "sandbox = true\n"
+        '[[tenants]]\nname = "acme"\n'
+        f'[[tenants.tokens]]\nname = "acme-agent"\nsha256 = "{digest}"\nrole = "agent"\n')
+    return path
+
+
+async def test_idemgate_serve_answers_mcp_with_its_own_tokens(tmp_path: Path) -> None:
+    """`/mcp` on `idemgate serve`: one operation, two faces (MCP, then API v1)."""
+    proc = subprocess.Popen([str(IDEMGATE), "serve", "--config", str(gateway_config(tmp_path)),
+                             "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("idemgate listening on "), line
+        base = line.split()[-1]
+        auth = {"Authorization": f"Bearer {TOKENS['acme']}"}
+        m = meta("record_issue")
+        async with create_mcp_http_client(headers=auth) as http_client:
+            async with Client(streamable_http_client(f"{base}/mcp", http_client=http_client)) as client:
+                assert {t.name for t in (await client.list_tools()).tools} == set(EXPECTED_HINTS)
+                missing = await call(client, "tickets_create", TICKET)
+                assert missing.structured_content["error"]["code"] == "missing_operation_key"
+                first = await call(client, "tickets_create", TICKET, m)
+                assert first.structured_content["status"] == "applied"
+                assert first.structured_content["operation_key"].startswith(f"acme:{ENVIRONMENT}:")
+                again = await call(client, "tickets_create", TICKET, m)
+                assert again.structured_content["status"] == "replayed"
+        async with httpx2.AsyncClient() as http:
+            step = m[OPERATION]
+            r = await http.post(f"{base}/v1/tools/tickets.create/invoke", headers=auth, json={
+                "workflow_id": step["workflow_id"], "step_id": step["step_id"], "arguments": TICKET})
+            assert r.status_code == 200, r.text
+            assert r.headers["idempotent-replayed"] == "true"
+            assert r.json()["effect_reference"] == first.structured_content["effect_reference"]
+            r = await http.post(f"{base}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                                headers={"Accept": "application/json, text/event-stream"})
+            assert r.status_code == 401
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_idemgate_mcp_reads_the_gateway_config(tmp_path: Path) -> None:
+    """`idemgate mcp --config`: store, environment and contracts from the file, a named tenant."""
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["mcp", "--config", str(gateway_config(tmp_path)), "--tenant", "acme",
+              "--fake-downstream"],
+        env={"RUST_LOG": "warn"},
+    )
+    async with Client(params) as client:
+        m = meta("record_issue")
+        first = await call(client, "tickets_create", TICKET, m)
+        assert first.structured_content["operation_key"].startswith(f"acme:{ENVIRONMENT}:")
+        again = await call(client, "tickets_create", TICKET, m)
+        assert again.structured_content["status"] == "replayed"
+        stats = await fake(client, "tickets.create")
+        assert (stats["effects"], stats["calls"]) == (1, 1)
+    refused = subprocess.run([str(IDEMGATE), "mcp", "--config", str(tmp_path / "gate.toml"),
+                              "--tenant", "globex"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+    assert refused.returncode == 2
+    assert "not a tenant of" in refused.stderr and "its tenants: acme" in refused.stderr

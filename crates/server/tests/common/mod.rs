@@ -249,11 +249,19 @@ pub async fn http(addr: SocketAddr, call: Call<'_>) -> Reply {
 async fn http_unbounded(addr: SocketAddr, call: Call<'_>) -> Reply {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut head = format!(
-        "{} {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{} {} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         call.method,
         call.path,
         call.body.len()
     );
+    // The connection's own address, unless the call names another host.
+    if !call
+        .headers
+        .iter()
+        .any(|(h, _)| h.eq_ignore_ascii_case("host"))
+    {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
     if let Some(token) = call.token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }

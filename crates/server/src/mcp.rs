@@ -1,0 +1,276 @@
+//! The MCP face on the gateway's own state: the loaded contracts as MCP tools, each call
+//! through the same executor, store, downstreams and metrics as `POST /v1/tools/{tool}/invoke`.
+//!
+//! - [`service`] — the streamable-HTTP endpoint the router mounts at `/mcp`; every request is
+//!   authenticated with the API's bearer tokens (tenant, holder as actor, role).
+//! - [`stdio`] — `idemgate mcp --config FILE`: the gateway's configuration read by the
+//!   gateway's loader, one configured tenant, served over stdin and stdout.
+//!
+//! One operation has two faces: a step called through `/mcp` and then through the HTTP API
+//! (same tenant, workflow and step) is one operation key, replayed by the second face.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::request::Parts;
+use idemgate_core::contract::Contract;
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::{ErrorCode, Outcome};
+use idemgate_core::store::BoxFuture;
+use idemgate_engine::{Caller, Operation};
+use idemgate_mcp::Gateway as McpGateway;
+use idemgate_mcp::cli::McpArgs;
+use idemgate_mcp::fake::FakeDownstreams;
+use serde_json::Value;
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::sandbox::SandboxEffects;
+use crate::serve::{self, Error};
+use crate::state::AppState;
+use crate::tools::ToolSet;
+
+impl McpGateway for AppState {
+    fn tools(&self) -> Vec<Arc<Contract>> {
+        let tools = AppState::tools(self);
+        tools
+            .names()
+            .filter_map(|name| tools.get(name))
+            .map(|tool| tool.contract.clone())
+            .collect()
+    }
+
+    fn invoke<'a>(
+        &'a self,
+        caller: Caller,
+        tool: &'a str,
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        arguments: Value,
+    ) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let Some(tool) = AppState::tools(self).get(tool) else {
+                return Outcome::rejected(
+                    None,
+                    ErrorCode::UnknownTool,
+                    format!("no tool `{tool}` is served here"),
+                );
+            };
+            // The same bounds on the operation's parts as API v1.
+            let max = self.inner().limits.key_part_bytes;
+            for (name, part) in [("workflow_id", &workflow_id), ("step_id", &step_id)] {
+                if let Some(part) = part
+                    && let Err(message) = crate::headers::check_part(name, part, max)
+                {
+                    return Outcome::rejected(None, ErrorCode::InvalidOperationKey, message);
+                }
+            }
+            let operation = Operation {
+                caller,
+                environment: self.environment().to_string(),
+                workflow_id,
+                step_id,
+            };
+            self.executor()
+                .execute(
+                    &tool.contract,
+                    &operation,
+                    &arguments,
+                    tool.downstream.as_ref(),
+                )
+                .await
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        caller: &'a Caller,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Option<Outcome>> {
+        Box::pin(async move {
+            // As `GET /v1/operations/{key}`: another tenant's or another environment's key is
+            // not found, exactly as a missing one.
+            if key.tenant() != caller.tenant || key.environment() != self.environment() {
+                return None;
+            }
+            let store_down = |e: &dyn std::fmt::Display| {
+                tracing::warn!(operation_key = key.as_str(), error = %e, "status read failed");
+                Some(Outcome::rejected(
+                    Some(key.clone()),
+                    ErrorCode::StoreUnavailable,
+                    "the operation store could not be read",
+                ))
+            };
+            let record = match self.executor().store().get(key).await {
+                Ok(Some(record)) => record,
+                Ok(None) => return None,
+                Err(e) => return store_down(&e),
+            };
+            // With the record's tool, reading the status polls an accepted job.
+            let tool = AppState::tools(self).get(&record.tool);
+            match self
+                .executor()
+                .status(
+                    tool.map(|t| t.contract.as_ref()),
+                    key,
+                    tool.map(|t| t.downstream.as_ref()),
+                )
+                .await
+            {
+                Ok(found) => found.map(|(_, outcome)| outcome),
+                Err(e) => store_down(&e),
+            }
+        })
+    }
+}
+
+/// Authenticates an MCP request exactly as API v1 does: its bearer token gives the tenant,
+/// the holder's name as actor, and the role. `None` (a 401) for a missing or unaccepted token.
+pub fn authenticate(tokens: &Tokens, parts: &Parts) -> Option<Caller> {
+    let principal = tokens.authenticate(&parts.headers).ok()?;
+    Some(Caller {
+        tenant: principal.tenant,
+        actor: principal.name,
+        role: principal.role.as_str().to_string(),
+    })
+}
+
+/// The streamable-HTTP MCP service over `state`, with the gateway's tokens and its
+/// configured `Host` allow-list. Fails when a contract name cannot become an MCP tool name.
+pub fn service(
+    state: &AppState,
+) -> Result<idemgate_mcp::McpHttpService, idemgate_mcp::adapter::Error> {
+    let tokens = state.inner().tokens.clone();
+    idemgate_mcp::streamable_http_service(
+        Arc::new(state.clone()),
+        move |parts: &Parts| authenticate(&tokens, parts),
+        state.inner().mcp_hosts.clone(),
+    )
+}
+
+/// Checks that every loaded contract maps to a distinct MCP tool name.
+pub fn check(state: &AppState) -> Result<(), String> {
+    let contracts = McpGateway::tools(state);
+    idemgate_mcp::tools::Catalog::new(&contracts)
+        .map(|_| ())
+        .map_err(|e| format!("as MCP tools: {e}"))
+}
+
+/// Why `idemgate mcp --config` could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StdioError {
+    #[error(transparent)]
+    Gateway(#[from] Error),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Mcp(#[from] idemgate_mcp::adapter::Error),
+}
+
+/// What `idemgate mcp --config` serves: the gateway's state from the configuration, the
+/// caller (the configured tenant, `--actor`, role `agent`), and with `--fake-downstream` the
+/// fakes that replaced every downstream.
+pub struct Stdio {
+    pub state: AppState,
+    pub caller: Caller,
+    pub fakes: Option<FakeDownstreams>,
+    pub config: Config,
+}
+
+/// Reads `--config` with the gateway's loader and assembles the state, as `serve` does.
+pub async fn stdio_gateway(args: &McpArgs) -> Result<Stdio, StdioError> {
+    let path = args
+        .config
+        .as_ref()
+        .ok_or_else(|| StdioError::Usage("idemgate mcp: no --config file".into()))?;
+    let loaded = Config::load(path).map_err(Error::from)?;
+    serve::check_supported(&loaded.config)?;
+    let config = &loaded.config;
+    let file = path.display();
+    if !config.tenants.iter().any(|t| t.name == args.tenant) {
+        let known: Vec<&str> = config.tenants.iter().map(|t| t.name.as_str()).collect();
+        return Err(StdioError::Usage(if known.is_empty() {
+            format!("--tenant {:?}: {file} declares no tenants", args.tenant)
+        } else {
+            format!(
+                "--tenant {:?} is not a tenant of {file}; its tenants: {}",
+                args.tenant,
+                known.join(", ")
+            )
+        }));
+    }
+    if args.actor.trim().is_empty() {
+        return Err(StdioError::Usage("--actor is empty".into()));
+    }
+    let contracts = serve::contracts(&loaded)?;
+    let (tools, fakes) = if args.fake_downstream {
+        // Every downstream becomes an in-process fake that counts its own effects, read and
+        // scripted through the hidden control tool; no authorization hooks.
+        let tools = ToolSet::build(contracts, &SandboxEffects).map_err(Error::Contracts)?;
+        let arcs: Vec<Arc<Contract>> = tools
+            .names()
+            .filter_map(|n| tools.get(n))
+            .map(|t| t.contract.clone())
+            .collect();
+        let fakes = FakeDownstreams::for_contracts(&arcs);
+        let tools =
+            tools.map_downstreams(|name, sandbox| fakes.downstream(name).unwrap_or(sandbox));
+        (tools, Some(fakes))
+    } else {
+        let effects = serve::effects(config);
+        let tools = ToolSet::build(contracts, effects.as_ref()).map_err(Error::Contracts)?;
+        (tools, None)
+    };
+    // A local agent holds no token: the tenant is the configuration's, by name.
+    let state = serve::assemble(config, tools, Tokens::default()).await?;
+    check(&state).map_err(Error::Contracts)?;
+    let caller = Caller {
+        tenant: args.tenant.clone(),
+        actor: args.actor.clone(),
+        role: "agent".into(),
+    };
+    Ok(Stdio {
+        state,
+        caller,
+        fakes,
+        config: loaded.config,
+    })
+}
+
+/// Runs `idemgate mcp --config FILE` over stdio until the client closes stdin, or Ctrl-C /
+/// SIGTERM; the recoverer and the retention sweeper run meanwhile, as in `serve`.
+pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
+    let Stdio {
+        state,
+        caller,
+        fakes,
+        config,
+    } = stdio_gateway(&args).await?;
+    tracing::info!(
+        tools = AppState::tools(&state).len(),
+        tenant = caller.tenant,
+        environment = config.environment,
+        fake_downstream = fakes.is_some(),
+        "serving MCP over stdio"
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let recovering = tokio::spawn(state.recoverer().run(
+        Duration::from_secs(config.recovery.interval_seconds),
+        Duration::from_secs(config.recovery.sweep_interval_seconds),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    let served = idemgate_mcp::serve_stdio(
+        Arc::new(state),
+        caller,
+        idemgate_mcp::Options { fakes },
+        serve::shutdown_signal(),
+    )
+    .await;
+    let _ = stop.send(true);
+    let _ = recovering.await;
+    Ok(served?)
+}
