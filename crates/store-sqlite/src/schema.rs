@@ -12,7 +12,13 @@ use crate::error::Context;
 
 /// Every migration, in order. Migration `i` (from 0) brings the file to version `i + 1`.
 /// Append only: a released migration is never edited.
-const MIGRATIONS: &[(&str, &str)] = &[("0001_init", include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init", include_str!("../migrations/0001_init.sql")),
+    (
+        "0002_tenant_scoped_listing",
+        include_str!("../migrations/0002_tenant_scoped_listing.sql"),
+    ),
+];
 
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -127,22 +127,22 @@ pub(crate) fn transition(conn: &Connection, t: Transition) -> Result<Cas, Error>
         sql.push_str(" AND lease_expires_at <= ?");
         values.push(Value::Integer(by));
     }
-    let changed = conn
-        .prepare_cached(&sql)
-        .context(what)?
-        .execute(params_from_iter(values))
-        .context(what)?;
-    if changed == 0 {
+    // RETURNING hands back the row as written, so a transition is one statement, not an update
+    // and a second read.
+    sql.push_str(concat!(" RETURNING ", columns!()));
+    let updated = {
+        let mut stmt = conn.prepare_cached(&sql).context(what)?;
+        let mut rows = stmt.query(params_from_iter(values)).context(what)?;
+        match rows.next().context(what)? {
+            Some(r) => Some(read::row(r).context(what)?),
+            None => None,
+        }
+    };
+    let Some(row) = updated else {
         return Ok(Cas::Lost(read::get(conn, &t.key)?));
-    }
+    };
     append(conn, &t.key, &t.events)?;
-    match read::get(conn, &t.key)? {
-        Some(record) => Ok(Cas::Done(record)),
-        None => Err(Error::Unavailable(format!(
-            "transition of {}: the updated row was not found",
-            t.key
-        ))),
-    }
+    Ok(Cas::Done(read::record(row)?))
 }
 
 pub(crate) fn append(conn: &Connection, key: &OperationKey, events: &[Event]) -> Result<(), Error> {
@@ -150,24 +150,31 @@ pub(crate) fn append(conn: &Connection, key: &OperationKey, events: &[Event]) ->
         return Ok(());
     }
     let what = || format!("appending events to {key}");
-    let mut stmt = conn
-        .prepare_cached(
-            "INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )
-        .context(what)?;
-    for event in events {
-        stmt.execute(params![
-            key.tenant(),
-            key.as_str(),
-            event.kind.as_str(),
-            event.at,
-            int(event.attempt),
-            event.worker,
-            event.detail,
-        ])
-        .context(what)?;
+    // One multi-row insert per transition: a transition appends up to four entries, and one
+    // statement walks the table and its index once instead of once per row.
+    let mut sql =
+        String::from("INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) VALUES ");
+    let mut values: Vec<Value> = Vec::with_capacity(events.len() * 7);
+    for (i, event) in events.iter().enumerate() {
+        sql.push_str(if i == 0 {
+            "(?, ?, ?, ?, ?, ?, ?)"
+        } else {
+            ", (?, ?, ?, ?, ?, ?, ?)"
+        });
+        values.extend([
+            Value::Text(key.tenant().into()),
+            Value::Text(key.as_str().into()),
+            Value::Text(event.kind.as_str().into()),
+            Value::Integer(event.at),
+            Value::Integer(int(event.attempt)),
+            Value::Text(event.worker.clone()),
+            text(event.detail.clone()),
+        ]);
     }
+    conn.prepare_cached(&sql)
+        .context(what)?
+        .execute(params_from_iter(values))
+        .context(what)?;
     Ok(())
 }
 
