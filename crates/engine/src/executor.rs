@@ -1250,6 +1250,28 @@ impl Executor {
         Ok(Some((record, outcome)))
     }
 
+    /// The record under `key`, which an operator action expects in `status`.
+    async fn load_in(
+        &self,
+        key: &OperationKey,
+        status: idemgate_core::RecordStatus,
+        action: &'static str,
+    ) -> Result<Record, ActionError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
+        if record.status() != status {
+            return Err(ActionError::WrongState {
+                key: key.clone(),
+                status: record.status().as_str(),
+                action,
+            });
+        }
+        Ok(record)
+    }
+
     /// An operator approves an operation awaiting approval. The approval is bound to the exact
     /// call (`expected`, when given, must be the stored fingerprint), is single-use (the
     /// record leaves `awaiting_approval`), and records who approved. The effect then runs
@@ -1263,17 +1285,12 @@ impl Executor {
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
         let record = self
-            .store
-            .get(key)
-            .await?
-            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
-        if record.status() != idemgate_core::RecordStatus::AwaitingApproval {
-            return Err(ActionError::WrongState {
-                key: key.clone(),
-                status: record.status().as_str(),
-                action: "approved",
-            });
-        }
+            .load_in(
+                key,
+                idemgate_core::RecordStatus::AwaitingApproval,
+                "approved",
+            )
+            .await?;
         if expected.is_some_and(|fp| fp != &record.fingerprint) || record.tool != contract.name {
             return Err(ActionError::FingerprintChanged {
                 key: key.clone(),
@@ -1349,17 +1366,8 @@ impl Executor {
         reason: &str,
     ) -> Result<Outcome, ActionError> {
         let record = self
-            .store
-            .get(key)
-            .await?
-            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
-        if record.status() != idemgate_core::RecordStatus::AwaitingApproval {
-            return Err(ActionError::WrongState {
-                key: key.clone(),
-                status: record.status().as_str(),
-                action: "denied",
-            });
-        }
+            .load_in(key, idemgate_core::RecordStatus::AwaitingApproval, "denied")
+            .await?;
         let refusal = Refusal {
             code: ErrorCode::ApprovalDenied,
             message: format!("denied by an operator: {reason}"),
@@ -1392,17 +1400,8 @@ impl Executor {
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
         let record = self
-            .store
-            .get(key)
-            .await?
-            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
-        if record.status() != idemgate_core::RecordStatus::Unknown {
-            return Err(ActionError::WrongState {
-                key: key.clone(),
-                status: record.status().as_str(),
-                action: "reconciled",
-            });
-        }
+            .load_in(key, idemgate_core::RecordStatus::Unknown, "reconciled")
+            .await?;
         let fence = record.fence;
         let reconciled =
             |detail: String| self.event(EventKind::Reconciled, fence).with_detail(detail);
