@@ -103,6 +103,7 @@ fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
             None
         }
     };
+    let body_limit = state.inner().limits.body_bytes;
     let (routes, doc) = api();
     let doc = std::sync::Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
     let routes: Router = routes
@@ -123,10 +124,49 @@ fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
         .with_state(state);
     // The MCP endpoint is JSON-RPC, not a REST resource: it is not in the OpenAPI document.
     let router = match &mcp {
-        Some(service) => routes.nest_service("/mcp", service.clone()),
+        Some(service) => routes.nest_service("/mcp", bounded(service.clone(), body_limit)),
         None => routes,
     };
     (router, mcp)
+}
+
+/// The MCP service behind the same body bound as API v1 (the SDK's own bound is 4 MiB): a
+/// declared length over the bound is a 413 problem before the SDK sees the request, and a
+/// body without a declared length is cut off at the bound while it is read.
+fn bounded(
+    service: idemgate_mcp::McpHttpService,
+    limit: usize,
+) -> impl tower::Service<
+    axum::http::Request<axum::body::Body>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |request: axum::http::Request<axum::body::Body>| {
+        let service = service.clone();
+        async move {
+            let declared = request
+                .headers()
+                .get(axum::http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<usize>().ok());
+            if declared.is_some_and(|n| n > limit) {
+                let refusal = wire::ApiError::new(
+                    idemgate_core::ErrorCode::InvalidArguments,
+                    format!("the request body is larger than {limit} bytes"),
+                )
+                .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+                return Ok(axum::response::IntoResponse::into_response(refusal));
+            }
+            let request = request
+                .map(|body| axum::body::Body::new(http_body_util::Limited::new(body, limit)));
+            tower::ServiceExt::oneshot(service, request)
+                .await
+                .map(axum::response::IntoResponse::into_response)
+        }
+    })
 }
 
 /// Serves `state` on `listener` until `shutdown` completes, then stops accepting and lets the

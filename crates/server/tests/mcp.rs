@@ -489,3 +489,34 @@ async fn mcp_over_stdio_needs_one_of_the_configs_tenants() {
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_bodies_keep_the_api_body_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fakes, gateway) = world(dir.path());
+    let limits = idemgate_server::config::Limits {
+        body_bytes: 2048,
+        ..idemgate_server::config::Limits::default()
+    };
+    let gate = Gate::start(gateway.limits(limits).build()).await;
+    let mut big = ticket();
+    big["body"] = json!("x".repeat(4096));
+    let call = tools_call(7, "tickets_create", big, Some(("run_1", "big")));
+    let reply = http(gate.addr, mcp_call(AGENT, &call)).await;
+    assert_eq!(reply.status, 413, "{}", reply.text);
+    assert_eq!(
+        reply.json["error"]["code"], "invalid_arguments",
+        "{}",
+        reply.text
+    );
+    assert_eq!(
+        fakes.total_effects(),
+        0,
+        "an oversized call reaches no downstream"
+    );
+    // Within the bound the same face works.
+    let small = tools_call(8, "tickets_create", ticket(), Some(("run_1", "small")));
+    let answer = mcp(gate.addr, AGENT, &small).await;
+    assert_eq!(outcome(&answer)["status"], "applied", "{answer}");
+    gate.stop().await;
+}
