@@ -109,15 +109,23 @@ impl PgStore {
         // deadline covers a statement in flight, these cover idle pooled connections.
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
-        // Both settings travel in the startup packet, so they cost no round trip. The isolation
+        // The settings travel in the startup packet, so they cost no round trip. The isolation
         // level is pinned because every statement's correctness argument (see `sql`) is made
         // for READ COMMITTED, whatever default the server was configured with.
+        //
+        // Custom plans only: a prepared statement first executed while `operations` is empty
+        // (a fresh database) otherwise caches a generic plan that is as cheap as any on an
+        // empty table — measured here: the read by key became an index scan on the tenant
+        // prefix of another index with `key` as a filter, reading every row of the tenant,
+        // until an autoanalyze invalidated it. Planning a lookup by primary key costs a few
+        // microseconds; reading a tenant's rows costs without bound.
         let mut startup = config.get_options().map(str::to_string).unwrap_or_default();
         if !startup.is_empty() {
             startup.push(' ');
         }
         startup.push_str(&format!(
-            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed",
+            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed \
+             -c plan_cache_mode=force_custom_plan",
             options.statement_timeout.as_millis()
         ));
         config.options(startup);
