@@ -86,34 +86,6 @@ lease_seconds: 3
     Contract::load(&text, "notes.append.yaml").unwrap()
 }
 
-struct Gate {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Gate {
-    async fn start(state: AppState) -> Gate {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_server::run(listener, state, async move {
-            let _ = stopped.await;
-        }));
-        Gate {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let served = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        served.expect("drained within 10 s").unwrap().unwrap();
-    }
-}
-
 fn state(store: Arc<dyn Store>, contracts: Vec<Contract>) -> AppState {
     let tools = ToolSet::build(contracts, &HttpEffects).unwrap();
     Gateway::new(store, tools, tokens())

@@ -12,42 +12,13 @@ use std::time::Duration;
 use common::*;
 use idemgate_core::store::Store;
 use idemgate_mcp::cli::McpArgs;
+use idemgate_server::Gateway;
 use idemgate_server::mcp::StdioError;
-use idemgate_server::{AppState, Gateway};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-struct Gate {
-    addr: std::net::SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Gate {
-    async fn start(state: AppState) -> Gate {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_server::run(listener, state, async move {
-            let _ = stopped.await;
-        }));
-        Gate {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Shuts down as `serve` does; the MCP service ends with the server.
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let served = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        served.expect("drained within 10 s").unwrap().unwrap();
-    }
-}
 
 fn sqlite(path: &Path) -> Arc<dyn Store> {
     Arc::new(idemgate_store_sqlite::SqliteStore::open(path, Default::default()).unwrap())

@@ -33,7 +33,6 @@ use idemgate_core::store::Store;
 use idemgate_server::tools::{HttpEffects, ToolSet};
 use idemgate_server::{AppState, Gateway};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -131,35 +130,6 @@ lease_seconds: 60
     Contract::load(&text, "reports.generate.yaml").unwrap()
 }
 
-/// A gateway serving on a loopback port until stopped.
-struct Running {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Running {
-    async fn start(state: AppState) -> Running {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_server::run(listener, state, async move {
-            let _ = stopped.await;
-        }));
-        Running {
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let served = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-        served.expect("drained within 10 s").unwrap().unwrap();
-    }
-}
-
 fn sqlite(path: &Path) -> Arc<dyn Store> {
     Arc::new(idemgate_store_sqlite::SqliteStore::open(path, Default::default()).unwrap())
 }
@@ -240,7 +210,7 @@ fn a_crash_after_the_claim_ends_at_one_effect_after_a_restart() {
         .enable_all()
         .build()
         .unwrap();
-    let first = doomed.block_on(Running::start(state(
+    let first = doomed.block_on(Gate::start(state(
         sqlite(&file),
         vec![contract()],
         clock.clone(),
@@ -279,7 +249,7 @@ fn a_crash_after_the_claim_ends_at_one_effect_after_a_restart() {
 
     test.block_on(async {
         clock.advance(4_000);
-        let second = Running::start(state(sqlite(&file), vec![contract()], clock.clone())).await;
+        let second = Gate::start(state(sqlite(&file), vec![contract()], clock.clone())).await;
         let retry = http(
             second.addr,
             invoke("tickets.create", AGENT, ticket("run_1", "a")),
@@ -358,7 +328,7 @@ async fn the_duplicate_intent_window_refuses_the_same_arguments_under_a_new_key(
         "reject",
         "duplicate_intent_window: 10m",
     );
-    let gate = Running::start(state(
+    let gate = Gate::start(state(
         sqlite(&dir.path().join("gate.sqlite")),
         vec![contract],
         clock.clone(),
@@ -431,7 +401,7 @@ async fn a_not_processed_answer_releases_the_claim_and_the_retry_applies() {
     let fake = FakeServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(EPOCH));
-    let gate = Running::start(state(
+    let gate = Gate::start(state(
         sqlite(&dir.path().join("gate.sqlite")),
         vec![ticket_tool(
             "tickets.create",
@@ -499,7 +469,7 @@ async fn a_refused_connection_releases_the_claim_and_the_retry_applies() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(EPOCH));
     // No authorization hook: with the service down it would refuse first (fail closed).
-    let gate = Running::start(state(
+    let gate = Gate::start(state(
         sqlite(&dir.path().join("gate.sqlite")),
         vec![ticket_tool("tickets.create", vacant, false, "reject", "")],
         clock,
@@ -549,7 +519,7 @@ async fn applied_then_expired(
     fake: &FakeServer,
     late_arrival: &str,
     dir: &Path,
-) -> (String, Running, AppState, Arc<ManualClock>) {
+) -> (String, Gate, AppState, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(EPOCH));
     let app = state(
         sqlite(&dir.join("gate.sqlite")),
@@ -562,7 +532,7 @@ async fn applied_then_expired(
         )],
         clock.clone(),
     );
-    let gate = Running::start(app.clone()).await;
+    let gate = Gate::start(app.clone()).await;
     let first = http(
         gate.addr,
         invoke("tickets.create", AGENT, ticket("run_1", "a")),
@@ -697,7 +667,7 @@ async fn an_async_job_is_in_flight_until_the_fake_completes_it() {
     let fake = FakeServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(EPOCH));
-    let gate = Running::start(state(
+    let gate = Gate::start(state(
         sqlite(&dir.path().join("gate.sqlite")),
         vec![reports_tool(fake.addr())],
         clock,

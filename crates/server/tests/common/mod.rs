@@ -328,3 +328,33 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
         body = &body[end + 2 + size + 2..];
     }
 }
+
+/// A gateway serving `state` on a loopback port until stopped, as `serve` runs it.
+pub struct Gate {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Gate {
+    pub async fn start(state: idemgate_server::AppState) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(idemgate_server::run(listener, state, async move {
+            let _ = stopped.await;
+        }));
+        Gate {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Shuts down as `serve` does on SIGTERM: stop accepting, drain, return.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let served = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        served.expect("drained within 10 s").unwrap().unwrap();
+    }
+}
