@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::Write;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -16,44 +15,6 @@ use idemgate_core::store::{self, Cas, Claimed, Filter, Store};
 use idemgate_store_postgres::{Options, PgStore};
 
 const T0: i64 = 1_700_000_000_000;
-
-fn cluster() -> (String, String) {
-    let text = std::env::var("IDEMGATE_PG_CLUSTER").unwrap_or_else(|_| "15 main".into());
-    let mut parts = text.split_whitespace();
-    (
-        parts.next().unwrap_or("15").into(),
-        parts.next().unwrap_or("main").into(),
-    )
-}
-
-fn pg_ctl(action: &str) -> bool {
-    let (version, name) = cluster();
-    let status = Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, &name, action])
-        .status();
-    matches!(status, Ok(s) if s.success())
-}
-
-fn is_running() -> bool {
-    let (version, name) = cluster();
-    Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, &name, "status"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Starts the server again however the test ends, so that a failure here does not leave every
-/// later test on the machine without a database.
-struct ServerBack;
-
-impl Drop for ServerBack {
-    fn drop(&mut self) {
-        if !is_running() && !pg_ctl("start") {
-            eprintln!("could not start PostgreSQL again: run pg_ctlcluster start by hand");
-        }
-    }
-}
 
 /// Every call during the outage must come back, as an error, within the configured timeouts.
 async fn during_outage<T: std::fmt::Debug>(

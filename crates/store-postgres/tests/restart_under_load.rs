@@ -18,11 +18,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{ServerBack, pg_ctl};
 use idemgate_conformance::downstream::FakeDownstream;
 use idemgate_conformance::harness::{Spec, key, op, ticket};
 use idemgate_core::Contract;
@@ -38,43 +38,6 @@ use idemgate_store_postgres::{Options, PgStore};
 const CALLERS: usize = 32;
 /// Any single delivery must come back within this, outage or not.
 const ANSWER_LIMIT: Duration = Duration::from_secs(30);
-
-fn cluster() -> (String, String) {
-    let text = std::env::var("IDEMGATE_PG_CLUSTER").unwrap_or_else(|_| "15 main".into());
-    let mut parts = text.split_whitespace();
-    (
-        parts.next().unwrap_or("15").into(),
-        parts.next().unwrap_or("main").into(),
-    )
-}
-
-fn pg_ctl(action: &str) -> bool {
-    let (version, name) = cluster();
-    let status = Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, &name, action])
-        .status();
-    matches!(status, Ok(s) if s.success())
-}
-
-fn is_running() -> bool {
-    let (version, name) = cluster();
-    Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &version, &name, "status"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Starts the server again however the test ends.
-struct ServerBack;
-
-impl Drop for ServerBack {
-    fn drop(&mut self) {
-        if !is_running() && !pg_ctl("start") {
-            eprintln!("could not start PostgreSQL again: run pg_ctlcluster start by hand");
-        }
-    }
-}
 
 fn say(line: &str) {
     // Straight to the stderr handle: the harness would hide an `eprintln!`.

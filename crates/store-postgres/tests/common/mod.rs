@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this module.
 
+use std::process::Command;
+
 use idemgate_core::ErrorCode;
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
@@ -134,5 +136,48 @@ pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
         fingerprint: None,
         events: vec![event(EventKind::Recovered, now, fence, worker)],
         now,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stopping and starting the local cluster, for the restart tests.
+
+/// The cluster the restart tests control: `IDEMGATE_PG_CLUSTER` (default `15 main`).
+fn cluster() -> (String, String) {
+    let text = std::env::var("IDEMGATE_PG_CLUSTER").unwrap_or_else(|_| "15 main".into());
+    let mut parts = text.split_whitespace();
+    (
+        parts.next().unwrap_or("15").into(),
+        parts.next().unwrap_or("main").into(),
+    )
+}
+
+/// Runs `pg_ctlcluster <action>` on that cluster; true when it succeeded.
+pub fn pg_ctl(action: &str) -> bool {
+    let (version, name) = cluster();
+    let status = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, &name, action])
+        .status();
+    matches!(status, Ok(s) if s.success())
+}
+
+pub fn is_running() -> bool {
+    let (version, name) = cluster();
+    Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, &name, "status"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Starts the server again however the test ends, so that a failure here does not leave every
+/// later test on the machine without a database.
+pub struct ServerBack;
+
+impl Drop for ServerBack {
+    fn drop(&mut self) {
+        if !is_running() && !pg_ctl("start") {
+            eprintln!("could not start PostgreSQL again: run pg_ctlcluster start by hand");
+        }
     }
 }
