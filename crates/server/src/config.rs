@@ -3,7 +3,6 @@
 //! Unknown fields are errors, and every error names the file, the line and the field, so a
 //! typo in a token's role never silently becomes a default.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -154,33 +153,9 @@ fn default_contracts() -> Vec<String> {
     vec![DEFAULT_CONTRACTS.into()]
 }
 
-/// A configuration that could not be read or accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Error {
-    pub file: String,
-    pub line: Option<usize>,
-    pub column: Option<usize>,
-    pub field: Option<String>,
-    pub message: String,
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-            if let Some(column) = self.column {
-                write!(f, ":{column}")?;
-            }
-        }
-        if let Some(field) = &self.field {
-            write!(f, ": field `{field}`")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for Error {}
+/// A configuration that could not be read or accepted: the same file, line, column and field
+/// report as a contract's.
+pub use idemgate_core::contract::LoadError as Error;
 
 /// A loaded configuration and where relative paths in it are read from.
 #[derive(Debug, Clone)]
