@@ -324,6 +324,26 @@ impl Harness {
             .await
     }
 
+    /// Starts a delivery of `ticket("Refund")` by another worker in its own task, so a test
+    /// can pause it at a gate, race it, or abort it as a crash.
+    pub fn spawn_delivery(
+        &self,
+        worker: &str,
+        contract: &Arc<Contract>,
+        step: &str,
+    ) -> tokio::task::JoinHandle<Outcome> {
+        let (exec, contract, downstream) = (
+            self.worker(worker),
+            contract.clone(),
+            self.downstream.clone(),
+        );
+        let step = step.to_string();
+        tokio::spawn(async move {
+            exec.execute(&contract, &op(&step), &ticket("Refund"), &downstream)
+                .await
+        })
+    }
+
     pub async fn record(&self, step: &str) -> Option<Record> {
         self.store
             .inner()

@@ -201,11 +201,7 @@ pub async fn lost_response_without_receipt_path_is_unknown(store: Arc<dyn Store>
 /// the downstream's success and the local completion.
 async fn crash_after_commit(h: &Harness, c: &Arc<Contract>, step: &str) {
     h.downstream.after_commit().arm_nth(1);
-    let worker = {
-        let (exec, c, ds) = (h.worker("worker-crashing"), c.clone(), h.downstream.clone());
-        let step = step.to_string();
-        tokio::spawn(async move { exec.execute(&c, &op(&step), &ticket("Refund"), &ds).await })
-    };
+    let worker = h.spawn_delivery("worker-crashing", c, step);
     h.downstream.after_commit().reached().await;
     worker.abort();
     let _ = worker.await;
@@ -272,11 +268,7 @@ pub async fn crash_after_downstream_commit_without_receipt_path_is_unknown(store
 /// Pauses the first delivery right after its claim, then drops it: a crash after the claim.
 async fn crash_after_claim(h: &Harness, c: &Arc<Contract>, step: &str) {
     h.store.after_claim().arm_nth(1);
-    let worker = {
-        let (exec, c, ds) = (h.worker("worker-crashing"), c.clone(), h.downstream.clone());
-        let step = step.to_string();
-        tokio::spawn(async move { exec.execute(&c, &op(&step), &ticket("Refund"), &ds).await })
-    };
+    let worker = h.spawn_delivery("worker-crashing", c, step);
     h.store.after_claim().reached().await;
     worker.abort();
     let _ = worker.await;
@@ -356,10 +348,7 @@ pub async fn concurrent_workers_one_owner(store: Arc<dyn Store>) {
     let c = spec.contract();
     // Worker A claims and is paused right after its claim.
     h.store.after_claim().arm_nth(1);
-    let a = {
-        let (exec, c, ds) = (h.worker("worker-a2"), c.clone(), h.downstream.clone());
-        tokio::spawn(async move { exec.execute(&c, &op("s1"), &ticket("Refund"), &ds).await })
-    };
+    let a = h.spawn_delivery("worker-a2", &c, "s1");
     h.store.after_claim().reached().await;
     // Worker B arrives while A owns the claim: it waits, and performs nothing.
     let b = h
@@ -822,10 +811,7 @@ pub async fn late_finisher_is_fenced(store: Arc<dyn Store>) {
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
     h.downstream.after_commit().arm_nth(1);
-    let a = {
-        let (exec, c, ds) = (h.worker("worker-slow"), c.clone(), h.downstream.clone());
-        tokio::spawn(async move { exec.execute(&c, &op("s1"), &ticket("Refund"), &ds).await })
-    };
+    let a = h.spawn_delivery("worker-slow", &c, "s1");
     h.downstream.after_commit().reached().await;
     // A's lease expires while it is paused; B takes over (fence 2) and resends.
     h.expire_leases(&spec);
