@@ -84,7 +84,8 @@ fn main() -> ExitCode {
                     return Ok(ExitCode::SUCCESS);
                 }
                 let store = stores::open(&args.store).await?;
-                idemgate_mcp::cli::run(args, store).await?;
+                idemgate_mcp::cli::run(args, store, idemgate_server::serve::shutdown_signal())
+                    .await?;
                 Ok(ExitCode::SUCCESS)
             })
         }),

@@ -217,7 +217,13 @@ pub fn gateway(
 }
 
 /// Runs `idemgate mcp` until the client closes stdin, or Ctrl-C / SIGTERM.
-pub async fn run(args: McpArgs, store: Arc<dyn Store>) -> Result<(), Error> {
+/// Serves the tools over stdio until the client closes the stream or `shutdown` completes (the
+/// binary passes Ctrl-C and SIGTERM).
+pub async fn run(
+    args: McpArgs,
+    store: Arc<dyn Store>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     if args.config.is_some() {
         return Err(Error::Config);
     }
@@ -247,32 +253,10 @@ pub async fn run(args: McpArgs, store: Arc<dyn Store>) -> Result<(), Error> {
             let _ = stop.wait_for(|s| *s).await;
         },
     ));
-    let result = adapter::serve_stdio(gateway, caller, Options { fakes }, signal()).await;
+    let result = adapter::serve_stdio(gateway, caller, Options { fakes }, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = recovering.await;
     Ok(result?)
-}
-
-/// Ctrl-C or SIGTERM.
-async fn signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
 }
 
 #[cfg(test)]
