@@ -545,6 +545,7 @@ pub async fn key_after_retention_follows_reject_policy(store: Arc<dyn Store>) {
     let late = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(late.status, Status::Rejected, "{late:?}");
     assert_eq!(late.error_code(), Some(ErrorCode::ExpiredOperation));
+    assert_effects(&h, 1, "late arrival under the reject policy");
     // After the tombstone itself is purged the record is gone, as the contract's retention says.
     h.clock.advance(86_400_000 + 1);
     assert_eq!(h.executor.sweep(100).await.unwrap().purged, 1);
@@ -558,6 +559,7 @@ pub async fn key_after_retention_follows_tombstone_policy(store: Arc<dyn Store>)
     assert_eq!(late.effect_reference.as_deref(), Some(reference.as_str()));
     assert!(late.result.is_none(), "only the reference is kept");
     assert_eq!(late.error_code(), Some(ErrorCode::ExpiredOperation));
+    assert_effects(&h, 1, "late arrival under the tombstone policy");
 }
 
 pub async fn key_after_retention_follows_reconcile_policy(store: Arc<dyn Store>) {
@@ -566,6 +568,7 @@ pub async fn key_after_retention_follows_reconcile_policy(store: Arc<dyn Store>)
     assert_eq!(late.status, Status::Unknown, "{late:?}");
     assert_eq!(late.next_action, NextAction::Reconcile);
     assert_eq!(late.error_code(), Some(ErrorCode::ExpiredOperation));
+    assert_effects(&h, 1, "late arrival under the reconcile policy");
 }
 
 pub async fn delayed_job_is_polled_to_completion(store: Arc<dyn Store>) {
