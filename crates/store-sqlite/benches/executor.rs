@@ -62,6 +62,8 @@ fn bare_connection(path: &std::path::Path) -> Connection {
     conn.busy_timeout(Duration::from_secs(30)).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    // As the store's writer: statement journals in memory, not in temporary files.
+    conn.pragma_update(None, "temp_store", "MEMORY").unwrap();
     conn
 }
 

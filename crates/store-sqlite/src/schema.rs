@@ -18,6 +18,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0002_tenant_scoped_listing",
         include_str!("../migrations/0002_tenant_scoped_listing.sql"),
     ),
+    (
+        "0003_expiring_without_in_list",
+        include_str!("../migrations/0003_expiring_without_in_list.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.
