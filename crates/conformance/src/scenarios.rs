@@ -66,6 +66,7 @@ macro_rules! __idemgate_scenarios {
             natural_idempotent_precondition_failure_is_released,
             invalid_input_leaves_no_record,
             replay_never_writes,
+            settled_replays_read_no_row_until_near_expiry,
             operator_resolves_unknown_as_applied,
         );
     };
@@ -1054,6 +1055,44 @@ pub async fn replay_never_writes(store: Arc<dyn Store>) {
     }
     assert_eq!(h.store.writes(), writes, "replays wrote to the store");
     assert_effects(&h, 1, "replays");
+}
+
+pub async fn settled_replays_read_no_row_until_near_expiry(store: Arc<dyn Store>) {
+    let spec = Spec::key_based();
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let first = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(first.status, Status::Applied, "{first:?}");
+    let reads = h.store.reads();
+    for _ in 0..5 {
+        let again = h.deliver(&c, "s1", &ticket("Refund")).await;
+        assert_eq!(again.status, Status::Replayed, "{again:?}");
+        assert_eq!(again.effect_reference, first.effect_reference);
+        assert_eq!(again.result, first.result);
+    }
+    assert_eq!(
+        h.store.reads(),
+        reads,
+        "a settled record this executor finished was read again"
+    );
+    // A changed request under the key is still compared with the kept record and refused.
+    let changed = h.deliver(&c, "s1", &ticket("Chargeback")).await;
+    assert_eq!(changed.status, Status::Rejected, "{changed:?}");
+    assert_eq!(
+        changed.error_code(),
+        Some(ErrorCode::IdempotencyKeyReusedWithDifferentRequest)
+    );
+    // Within the margin before expiry the store is read again, so that the retention policy
+    // (and another process's sweep) decide the late deliveries.
+    h.clock
+        .advance(3_600_000 - idemgate_engine::settled::MARGIN);
+    let late = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(late.status, Status::Replayed, "{late:?}");
+    assert!(
+        h.store.reads() > reads,
+        "the store was not read near expiry"
+    );
+    assert_effects(&h, 1, "settled replays");
 }
 
 pub async fn operator_resolves_unknown_as_applied(store: Arc<dyn Store>) {

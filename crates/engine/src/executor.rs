@@ -25,6 +25,8 @@ use idemgate_core::record::{
 use idemgate_core::store::{self, Cas, Claimed, Expect, RequestUpdate, Store, Transition};
 use serde_json::Value;
 
+use crate::settled::Settled;
+
 /// Who is asking. The tenant comes from the caller's credentials, never from the arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -81,6 +83,10 @@ pub struct Settings {
     /// Resends to a deduplicating downstream within one delivery after an ambiguous answer,
     /// before the record is left to the recoverer.
     pub max_resends: u32,
+    /// How many settled (`applied`, `failed_permanent`) records to keep in memory, so that a
+    /// replay of one reads no row (see the `settled` module); 0 reads the store every time.
+    /// Each costs the size of its record, result included.
+    pub settled_records: usize,
 }
 
 impl Default for Settings {
@@ -88,6 +94,7 @@ impl Default for Settings {
         Settings {
             worker: default_worker_id(),
             max_resends: 2,
+            settled_records: 10_000,
         }
     }
 }
@@ -147,6 +154,7 @@ pub struct Executor {
     authorizer: Arc<dyn Authorizer>,
     observer: Option<Arc<dyn Observer>>,
     settings: Arc<Settings>,
+    settled: Arc<Settled>,
 }
 
 /// An owned pending claim: the record as this worker wrote it. Finishing consumes it.
@@ -166,6 +174,7 @@ impl Executor {
             clock,
             authorizer,
             observer: None,
+            settled: Arc::new(Settled::new(settings.settled_records)),
             settings: Arc::new(settings),
         }
     }
@@ -422,10 +431,18 @@ impl Executor {
         fingerprint: &Fingerprint,
         effect: &dyn Downstream,
     ) -> Outcome {
-        // A read first: a replay must never write, and most duplicates are replays.
-        let existing = match self.store.get(&key).await {
-            Ok(r) => r,
-            Err(e) => return store_down(Some(key), &e),
+        // A read first: a replay must never write, and most duplicates are replays. A settled
+        // record seen before cannot have changed since, and is not read again.
+        let existing = match self.settled.get(&key, self.now()) {
+            Some(record) => Some(record),
+            None => match self.store.get(&key).await {
+                Ok(Some(record)) => {
+                    self.settled.offer(&record, self.now());
+                    Some(record)
+                }
+                Ok(None) => None,
+                Err(e) => return store_down(Some(key), &e),
+            },
         };
         if let Some(record) = existing {
             return self
@@ -964,7 +981,10 @@ impl Executor {
                         ],
                     );
                     return match self.store.transition(t).await {
-                        Ok(Cas::Done(r)) => machine::refused(&r, &refusal),
+                        Ok(Cas::Done(r)) => {
+                            self.settled.offer(&r, self.now());
+                            machine::refused(&r, &refusal)
+                        }
                         Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
                         // The refusal is certain even if unrecorded: nothing happened downstream.
                         Err(_) => Outcome::rejected(Some(key), refusal.code, refusal.message),
@@ -1100,7 +1120,10 @@ impl Executor {
                 .collect(),
         );
         match self.store.transition(t).await {
-            Ok(Cas::Done(_)) => Outcome::applied(key, receipt.reference, receipt.result),
+            Ok(Cas::Done(r)) => {
+                self.settled.offer(&r, self.now());
+                Outcome::applied(key, receipt.reference, receipt.result)
+            }
             Ok(Cas::Lost(now)) => match now {
                 Some(r) => match &r.state {
                     RecordState::Applied(stored) => Outcome::replayed(

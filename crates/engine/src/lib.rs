@@ -11,6 +11,7 @@
 //! - [`Recoverer`] — drives abandoned pending records and accepted jobs without waiting for a
 //!   retry, and sweeps retention.
 //! - [`sealed::SealedStore`] — wraps any store to encrypt stored requests and results at rest.
+//! - [`settled`] — the settled records an executor keeps in memory, so that replays read no row.
 //!
 //! Time comes from an injected `Clock`, the store and downstream sit behind traits: the same
 //! code runs against SQLite, PostgreSQL, or in-memory fakes under a test's control.
@@ -18,6 +19,7 @@
 mod executor;
 mod recoverer;
 pub mod sealed;
+pub mod settled;
 
 pub use executor::{
     ActionError, Caller, Executor, Observer, Operation, Resolution, Settings, default_worker_id,
