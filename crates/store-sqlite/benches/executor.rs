@@ -2,8 +2,8 @@
 //! run. `scripts/bench-ratios` turns criterion's estimates into the ratios in BENCHMARKS.md.
 //!
 //! - `unique/{bare,executor}/{1,64}`: a new operation key per call; the effect is a no-op.
-//!   The bare loop issues the same claim (insert + 3 events) and finalise (conditional update +
-//!   3 events) statements, one transaction each, on a connection with the same file settings
+//!   The bare loop issues the same claim (insert + 3 events) and finalise (conditional update,
+//!   the row read back, 3 events) statements, one transaction each, on a connection with the same file settings
 //!   (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection behind a mutex
 //!   (its best case: separate connections would also spin on SQLite's busy handler).
 //! - `replay/{bare,executor}/{1,64}`: an applied key delivered again, against a bare
@@ -118,6 +118,8 @@ fn bare_operation(conn: &mut Connection, n: u64) {
         ])
         .unwrap();
     assert_eq!(changed, 1);
+    // The store reads the row back as written, in the same transaction.
+    bare_read(&tx, &key);
     for kind in ["sent", "committed", "acknowledged"] {
         tx.prepare_cached(EVENT)
             .unwrap()
