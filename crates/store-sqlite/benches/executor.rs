@@ -6,8 +6,10 @@
 //!   the row read back, 3 events) statements, one transaction each, on a connection with the same file settings
 //!   (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection behind a mutex
 //!   (its best case: separate connections would also spin on SQLite's busy handler).
-//! - `replay/{bare,executor}/{1,64}`: an applied key delivered again, against a bare
-//!   primary-key read of the same row with the same statement, every column decoded.
+//! - `replay/{bare,executor,executor-uncached}/{1,64}`: an applied key delivered again, against
+//!   a bare primary-key read of the same row with the same statement, every column decoded.
+//!   `executor` answers from the settled records it keeps in memory; `executor-uncached` keeps
+//!   none and reads the record from the store on every replay.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -236,6 +238,17 @@ fn replay(c: &mut Criterion) {
         Arc::new(AllowAll),
         Settings::default(),
     );
+    // The same executor without the settled records it keeps in memory: every replay reads the
+    // record from the store, as the first replay after a restart (or on another process) does.
+    let uncached = Executor::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        Arc::new(AllowAll),
+        Settings {
+            settled_records: 0,
+            ..Settings::default()
+        },
+    );
     let contract = Spec::key_based().contract();
     let first = rt.block_on(executor.execute(&contract, &op("applied"), &ticket("Refund"), &Noop));
     assert_eq!(first.status, Status::Applied);
@@ -280,6 +293,30 @@ fn replay(c: &mut Criterion) {
                     for t in 0..callers as u64 {
                         let share = iters / callers as u64 + u64::from(t < iters % callers as u64);
                         let (executor, contract) = (executor.clone(), contract.clone());
+                        tasks.push(tokio::spawn(async move {
+                            for _ in 0..share {
+                                let o = executor
+                                    .execute(&contract, &op("applied"), &ticket("Refund"), &Noop)
+                                    .await;
+                                assert_eq!(o.status, Status::Replayed);
+                            }
+                        }));
+                    }
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        group.bench_function(format!("executor-uncached/{callers}"), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    let mut tasks = Vec::new();
+                    for t in 0..callers as u64 {
+                        let share = iters / callers as u64 + u64::from(t < iters % callers as u64);
+                        let (executor, contract) = (uncached.clone(), contract.clone());
                         tasks.push(tokio::spawn(async move {
                             for _ in 0..share {
                                 let o = executor
