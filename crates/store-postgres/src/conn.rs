@@ -28,7 +28,7 @@ use std::time::Duration;
 use deadpool_postgres::{Object, Pool, PoolError};
 use idemgate_core::store;
 use tokio_postgres::error::Severity;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};
 
 /// Whether a statement may change the database, which decides how its failures read.
@@ -115,6 +115,26 @@ impl Conn {
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, store::Error> {
+        self.exchange(kind, |object| Box::pin(object.query(statement, params)))
+            .await
+    }
+
+    /// Sends one exchange built by `send` on this connection, under the statement deadline, and
+    /// classifies its failure by `kind`; marks the connection broken when it cannot be trusted
+    /// again.
+    async fn exchange<'a>(
+        &'a mut self,
+        kind: Kind,
+        send: impl FnOnce(
+            &'a Object,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Vec<Row>, tokio_postgres::Error>>
+                    + Send
+                    + 'a,
+            >,
+        >,
+    ) -> Result<Vec<Row>, store::Error> {
         if self.object().is_closed() {
             // Rule 2: the statement cannot have left this process.
             self.broken = true;
@@ -122,10 +142,11 @@ impl Conn {
                 "the database connection was closed before the statement was sent".into(),
             ));
         }
+        let deadline = self.deadline;
         let object = self.object.as_ref().expect("connection present until drop");
-        let answer = match self.deadline {
-            Some(limit) => match tokio::time::timeout(limit, object.query(statement, params)).await
-            {
+        let sent = send(object);
+        let answer = match deadline {
+            Some(limit) => match tokio::time::timeout(limit, sent).await {
                 Ok(answer) => answer,
                 Err(_) => {
                     self.broken = true;
@@ -136,7 +157,7 @@ impl Conn {
                     });
                 }
             },
-            None => object.query(statement, params).await,
+            None => sent.await,
         };
         answer.map_err(|e| {
             if e.is_closed() || ends_session(&e) {
@@ -155,6 +176,24 @@ impl Conn {
     ) -> Result<Vec<Row>, store::Error> {
         let statement = self.prepare(sql).await?;
         self.query(kind, &statement, params).await
+    }
+
+    /// Runs `sql` as an unnamed statement with declared parameter types: parse, bind and execute
+    /// in one round trip, planned for these parameter values every time (an unnamed statement
+    /// never reaches PostgreSQL's generic plan). For the statements whose best plan depends on
+    /// the values or on the table's current size (listing by a rare or a common status, the
+    /// recoverer's and the sweep's ranges), where a plan cached on other values could read
+    /// far more than it needs. Failures classify exactly as in [`Conn::query`]: the parse is
+    /// part of the same exchange, and a statement that fails to parse is an ERROR, which
+    /// changed nothing.
+    pub(crate) async fn run_planned(
+        &mut self,
+        kind: Kind,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, store::Error> {
+        self.exchange(kind, |object| Box::pin(object.query_typed(sql, params)))
+            .await
     }
 
     /// The underlying client, for the migration's explicit transaction.

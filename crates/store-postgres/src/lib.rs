@@ -8,11 +8,22 @@
 //! - `sql` — the text of every statement and why each is safe at READ COMMITTED: a claim is one
 //!   `INSERT … ON CONFLICT DO NOTHING` that also reads the existing row, a transition is one
 //!   fenced conditional `UPDATE`, and the events of either are appended by the same statement.
+//! - `batch` — concurrent claims, and concurrent transitions, carried by multi-row statements
+//!   (on by default, [`Options::batching`]): each caller answered after the commit of the
+//!   statement that held its row, a lone caller sent at once, and every guarantee of the
+//!   single-row statements kept.
 //! - `conn` — pool checkout, client-side deadlines, and the rules that classify a failure as
 //!   `Unavailable` (nothing changed) or `Ambiguous` (a write may have committed).
 //! - [`migrate`] — embedded, versioned migrations applied under an advisory lock.
 //! - `testing` (feature `testing`) — a throwaway database per test run, shared with other
 //!   crates' tests.
+//!
+//! **Plans.** The hot statements (read by key, claim, transition, and their batch forms) are
+//! prepared once per connection and run on PostgreSQL's cached generic plan, which the schema
+//! and the statements make a lookup by key whatever the table's statistics — even when it is
+//! cached while the table is empty (see `PgStore::connect` and migration 0002). Statements
+//! whose best plan depends on their values (listing, the recoverer's scan, the sweep, the
+//! duplicate-intent lookup, the trace) are planned for their values on every call.
 //!
 //! **Time comes from the caller.** Lease expiries, sweeps and recovery compare the `now` the
 //! executor passes (read from its injected clock) with stored times; the database clock is never
@@ -20,12 +31,14 @@
 //! database must keep its clock synchronised (NTP) to well within one lease length, or a host
 //! whose clock runs ahead will take over leases that are still live elsewhere.
 
+mod batch;
 mod conn;
 pub mod migrate;
 mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -36,15 +49,17 @@ use idemgate_core::store::{
     self, BoxFuture, Cas, Claimed, Filter, RequestUpdate, Store, SweepReport, Transition,
 };
 use tokio_postgres::NoTls;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
+use crate::batch::{Batcher, ClaimJob, Reply, TransitionJob};
 use crate::conn::{Conn, Kind};
 
 /// How a [`PgStore`] connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Connections kept per process. Each gateway process has its own pool, so the database
-    /// sees `pool_size` × processes connections at most.
+    /// Connections kept per process for reads and single statements. Each gateway process has
+    /// its own pool, so the database sees (`pool_size` + `batch_in_flight` when batching) ×
+    /// processes connections at most.
     pub pool_size: usize,
     /// Set on every connection as PostgreSQL's `statement_timeout`, so the server itself
     /// cancels a statement that runs too long (a cancelled write changed nothing). The client
@@ -53,6 +68,17 @@ pub struct Options {
     pub statement_timeout: Duration,
     /// Bounds opening a connection and waiting for a free one in the pool.
     pub connect_timeout: Duration,
+    /// Carries concurrent claims, and concurrent transitions, in multi-row statements (see
+    /// the `batch` module): each caller is still answered after the commit that holds its row,
+    /// and a lone caller is sent at once, alone. Off, every claim and transition is its own
+    /// statement.
+    pub batching: bool,
+    /// With `batching`, how many batch statements may run at once, each on a connection of a
+    /// pool of this size kept for them. Batches form while all of them are busy, so fewer
+    /// means larger batches.
+    pub batch_in_flight: usize,
+    /// With `batching`, the most rows one batch statement carries.
+    pub batch_max_rows: usize,
 }
 
 impl Default for Options {
@@ -61,6 +87,9 @@ impl Default for Options {
             pool_size: 16,
             statement_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            batching: true,
+            batch_in_flight: 4,
+            batch_max_rows: 64,
         }
     }
 }
@@ -69,6 +98,9 @@ impl Default for Options {
 /// lost: enough for the server's own cancellation to arrive as an ordinary error, which is
 /// unambiguous, instead of the client timing out, which is not.
 const DEADLINE_GRACE: Duration = Duration::from_secs(2);
+
+/// Planner settings of every connection (see `PgStore::connect` for why).
+const PLANNER_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
 
 /// Written as the worker of the `expired` events the sweep appends.
 const SWEEPER: &str = "sweeper";
@@ -82,6 +114,7 @@ const MAX_PAGE: usize = 1000;
 pub struct PgStore {
     pool: Pool,
     deadline: Option<Duration>,
+    batcher: Option<Arc<Batcher>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -113,46 +146,79 @@ impl PgStore {
         // level is pinned because every statement's correctness argument (see `sql`) is made
         // for READ COMMITTED, whatever default the server was configured with.
         //
-        // Custom plans only: a prepared statement first executed while `operations` is empty
-        // (a fresh database) otherwise caches a generic plan that is as cheap as any on an
-        // empty table — measured here: the read by key became an index scan on the tenant
-        // prefix of another index with `key` as a filter, reading every row of the tenant,
-        // until an autoanalyze invalidated it. Planning a lookup by primary key costs a few
-        // microseconds; reading a tenant's rows costs without bound.
+        // No sequential scans: the hot statements (read, claim, transition) keep the generic
+        // plan PostgreSQL caches per connection, and a generic plan made while `operations` is
+        // empty (a fresh database, a TRUNCATE, a VACUUM after everything was purged) is kept
+        // until the next analyse. On an empty table a sequential scan costs nothing, so it
+        // would be that plan — and then read the whole table on every lookup as the table
+        // grows. Every statement here has an index that serves it, so this only removes the
+        // plan that is right for a few rows and ruinous for millions. Which index the cached
+        // plan uses is settled by the schema instead (migration 0002: the only indexes a lookup
+        // by key can use are lookups by key). The statements whose best plan depends on their
+        // values are planned afresh on each call (`Conn::run_planned`).
         let mut startup = config.get_options().map(str::to_string).unwrap_or_default();
         if !startup.is_empty() {
             startup.push(' ');
         }
         startup.push_str(&format!(
-            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed \
-             -c plan_cache_mode=force_custom_plan",
+            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed",
             options.statement_timeout.as_millis()
         ));
+        for (name, value) in PLANNER_SETTINGS {
+            startup.push_str(&format!(" -c {name}={value}"));
+        }
+        // The batch statements get connections of their own (see `batch`), which always use
+        // the generic plan: their plans are lookups by key whatever the statistics (the
+        // `plans` test checks it), while a custom plan of a statement carrying 64 rows costs
+        // milliseconds, and PostgreSQL's own choice between the two compares estimates that
+        // differ here only by how many rows it guesses an array holds.
+        let mut batch_config = config.clone();
+        batch_config.options(format!("{startup} -c plan_cache_mode=force_generic_plan"));
         config.options(startup);
 
-        // Fast recycling checks only that the connection is still open, with no round trip.
-        // After a database restart the old connections are closed by the server's goodbye, fail
-        // that check, and are replaced by new ones on the next checkout: the pool heals itself.
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(1))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(options.connect_timeout))
-            .create_timeout(Some(options.connect_timeout))
-            .recycle_timeout(Some(options.connect_timeout))
-            .build()
-            .map_err(|e| {
-                store::Error::Unavailable(format!("cannot build the connection pool: {e}"))
-            })?;
+        let build = |config: tokio_postgres::Config, size: usize| {
+            // Fast recycling checks only that the connection is still open, with no round
+            // trip. After a database restart the old connections are closed by the server's
+            // goodbye, fail that check, and are replaced by new ones on the next checkout: the
+            // pool heals itself.
+            let manager = Manager::from_config(
+                config,
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(manager)
+                .max_size(size.max(1))
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(options.connect_timeout))
+                .create_timeout(Some(options.connect_timeout))
+                .recycle_timeout(Some(options.connect_timeout))
+                .build()
+                .map_err(|e| {
+                    store::Error::Unavailable(format!("cannot build the connection pool: {e}"))
+                })
+        };
+        let pool = build(config, options.pool_size)?;
         let deadline = (!options.statement_timeout.is_zero())
             .then(|| options.statement_timeout + DEADLINE_GRACE);
-        let store = PgStore { pool, deadline };
+        let batcher = if options.batching {
+            let in_flight = options.batch_in_flight.max(1);
+            let pool = build(batch_config, in_flight)?;
+            Some(Arc::new(Batcher::new(
+                pool,
+                deadline,
+                in_flight,
+                options.batch_max_rows,
+            )))
+        } else {
+            None
+        };
+        let store = PgStore {
+            pool,
+            deadline,
+            batcher,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -173,7 +239,44 @@ impl PgStore {
         get_with(&mut conn, key).await
     }
 
+    /// Multi-row statements sent by the batcher so far, and the rows they carried; `(0, 0)`
+    /// without batching. Single-row statements (a lone caller) are not counted.
+    pub fn batch_stats(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.batcher.as_ref().map_or((0, 0), |b| {
+            (b.statements.load(Relaxed), b.rows.load(Relaxed))
+        })
+    }
+
     async fn claim_record(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+    ) -> Result<Claimed, store::Error> {
+        let Some(batcher) = &self.batcher else {
+            return self.claim_single(record, events).await;
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = ClaimJob {
+            record: record.clone(),
+            events: events.clone(),
+            reply,
+        };
+        batch::submit_claim(self, batcher, job);
+        match answer.await {
+            Ok(Reply::Done(answer)) => answer,
+            // Undecided by the batch, which changed nothing for this claim: the single
+            // statement decides it.
+            Ok(Reply::Alone | Reply::Lost) => self.claim_single(record, events).await,
+            // The driver ended without answering (its task panicked, or was dropped with the
+            // runtime shutting down); whether the batch was sent is not known.
+            Err(_) => Err(store::Error::Ambiguous(
+                "the batch carrying this claim ended without an answer".into(),
+            )),
+        }
+    }
+
+    async fn claim_single(
         &self,
         record: Record,
         events: Vec<Event>,
@@ -244,6 +347,35 @@ impl PgStore {
     }
 
     async fn apply(&self, t: Transition) -> Result<Cas, store::Error> {
+        let Some(batcher) = &self.batcher else {
+            return self.transition_single(t).await;
+        };
+        let key = t.key.clone();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        // Kept for the fall-back; a transition is small next to a round trip.
+        let fallback = t.clone();
+        batch::submit_transition(
+            self,
+            batcher,
+            TransitionJob {
+                transition: t,
+                reply,
+            },
+        );
+        match answer.await {
+            Ok(Reply::Done(answer)) => answer,
+            // The batch committed without this row: its expectation no longer held, and the
+            // caller decides from the record as it now is (read after that commit).
+            Ok(Reply::Lost) => Ok(Cas::Lost(self.get_record(&key).await?)),
+            // The batch changed nothing: the single statement decides.
+            Ok(Reply::Alone) => self.transition_single(fallback).await,
+            Err(_) => Err(store::Error::Ambiguous(
+                "the batch carrying this transition ended without an answer".into(),
+            )),
+        }
+    }
+
+    async fn transition_single(&self, t: Transition) -> Result<Cas, store::Error> {
         let mut next = Row::default();
         next.set_state(&t.next);
         let (replace_request, request) = match &t.request {
@@ -322,7 +454,11 @@ impl PgStore {
     async fn trace(&self, key: &OperationKey) -> Result<Vec<Event>, store::Error> {
         let mut conn = self.conn().await?;
         let rows = conn
-            .run(Kind::Read, sql::EVENTS, &[&key.tenant(), &key.as_str()])
+            .run_planned(
+                Kind::Read,
+                sql::EVENTS,
+                &[(&key.tenant(), Type::TEXT), (&key.as_str(), Type::TEXT)],
+            )
             .await?;
         rows.iter()
             .map(|r| {
@@ -356,22 +492,24 @@ impl PgStore {
             filter.tool.is_some(),
             filter.after.is_some(),
         );
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(5);
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::with_capacity(5);
         if let Some(tenant) = &filter.tenant {
-            params.push(tenant);
+            params.push((tenant, Type::TEXT));
         }
         if let Some(status) = &status {
-            params.push(status);
+            params.push((status, Type::TEXT));
         }
         if let Some(tool) = &filter.tool {
-            params.push(tool);
+            params.push((tool, Type::TEXT));
         }
         if let Some(after) = &filter.after {
-            params.push(after);
+            params.push((after, Type::TEXT));
         }
-        params.push(&limit);
+        params.push((&limit, Type::INT8));
         let mut conn = self.conn().await?;
-        let rows = conn.run(Kind::Read, &text, &params).await?;
+        // Planned for its values: the queue of `unknown` records and the mass of `applied`
+        // ones want different indexes.
+        let rows = conn.run_planned(Kind::Read, &text, &params).await?;
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
@@ -382,7 +520,11 @@ impl PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut conn = self.conn().await?;
         let rows = conn
-            .run(Kind::Read, sql::RECOVERABLE, &[&now, &limit])
+            .run_planned(
+                Kind::Read,
+                sql::RECOVERABLE,
+                &[(&now, Type::INT8), (&limit, Type::INT8)],
+            )
             .await?;
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
@@ -396,10 +538,15 @@ impl PgStore {
     ) -> Result<Option<OperationKey>, store::Error> {
         let mut conn = self.conn().await?;
         let rows = conn
-            .run(
+            .run_planned(
                 Kind::Read,
                 sql::FIND_FINGERPRINT,
-                &[&tenant, &tool, &fingerprint.as_str(), &since],
+                &[
+                    (&tenant, Type::TEXT),
+                    (&tool, Type::TEXT),
+                    (&fingerprint.as_str(), Type::TEXT),
+                    (&since, Type::INT8),
+                ],
             )
             .await?;
         let Some(r) = rows.first() else {
@@ -422,7 +569,15 @@ impl PgStore {
         // One statement: see `sql::SWEEP` for why a record compacted now is purged only by a
         // later sweep.
         let rows = conn
-            .run(Kind::Write, sql::SWEEP, &[&now, &limit, &SWEEPER])
+            .run_planned(
+                Kind::Write,
+                sql::SWEEP,
+                &[
+                    (&now, Type::INT8),
+                    (&limit, Type::INT8),
+                    (&SWEEPER, Type::TEXT),
+                ],
+            )
             .await?;
         let count = |column: usize| -> u64 {
             rows.first()

@@ -7,8 +7,13 @@ use crate::conn::{self, Conn};
 
 /// Every migration this build knows, in order; the version of each is its position plus one.
 /// A migration is never edited once released: a change is a new file.
-pub const MIGRATIONS: &[(&str, &str)] =
-    &[("0001_init", include_str!("../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init", include_str!("../migrations/0001_init.sql")),
+    (
+        "0002_plan_safe_indexes",
+        include_str!("../migrations/0002_plan_safe_indexes.sql"),
+    ),
+];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;

@@ -1,12 +1,27 @@
 //! The SQL text of every statement, and the mapping between result rows and the core's flat
-//! [`Row`]. Each statement is a compile-time string, so deadpool's per-connection statement
-//! cache (keyed by the text) prepares it once per connection.
+//! [`Row`]. Each hot statement is a fixed string, so deadpool's per-connection statement cache
+//! (keyed by the text) prepares it once per connection and PostgreSQL caches its generic plan;
+//! the others run unnamed, planned for their values (`Conn::run_planned`).
+//!
+//! # Plans that cannot read more than their keys
+//!
+//! A generic plan is made on the statistics of the moment and kept; on an empty table every
+//! plan costs nothing, so the cached plan may be any plan the statement allows. The hot
+//! statements are therefore written so that every plan they allow is a lookup by key: the
+//! read's and the claim's only usable indexes are the primary key and `operations_by_key`
+//! (migration 0002 makes the others partial, with predicates only other statements imply);
+//! sequential scans are off on the store's connections; the batch statements look each row up
+//! by its own parameters (a lateral subquery, or one `UPDATE` per row) instead of joining the
+//! input with the table, which the planner could hash against a scan of every row. The `plans`
+//! test checks the generic plan of each of them on a fresh, a vacuumed-empty and a truncated
+//! table.
 //!
 //! # Isolation
 //!
 //! Every statement runs at READ COMMITTED, pinned per connection in [`crate::PgStore::connect`]
 //! so that a server configured with another default cannot change the behaviour. Each store
-//! operation is **one statement**, in its own implicit transaction; the events a claim or a
+//! operation is **one statement**, in its own implicit transaction (a batch statement carries
+//! several operations, each decided by the same rules below, row by row: see `batch`); the events a claim or a
 //! transition appends are inserted by a data-modifying CTE of that same statement, so the record
 //! and its trace commit together or not at all. READ COMMITTED is enough because of how
 //! PostgreSQL runs a write that meets a concurrent writer:
@@ -133,6 +148,142 @@ pub(crate) const TRANSITION: &str = concat!(
     columns!(),
     " FROM upd"
 );
+
+/// Many claims in one statement (see `batch`): `$1..$23` are the rows as parallel arrays, one
+/// per column of [`Row`], sorted by (tenant, key) with no key twice; `$24..$29` the events as
+/// parallel arrays (position of their claim from 1, kind, at, attempt, worker, detail).
+///
+/// Rows are inserted in array order (`ORDER BY ord`), which is the lock order. Each key is
+/// decided on the unique index as in [`CLAIM`]; the events are joined to the rows actually
+/// inserted, so a key that existed gets none. The last branch reads the rows that existed, from
+/// the statement's snapshot, which cannot contain the rows this statement inserted. It is a
+/// lateral subquery fenced by `OFFSET 0` rather than a join, so that its plan is one lookup by
+/// key per input row whatever the statistics: as a join, the planner was free to hash the input
+/// against a scan of the whole table, and on an empty table (where every plan costs nothing)
+/// that is the generic plan it cached.
+pub(crate) const CLAIM_BATCH: &str = concat!(
+    "WITH input AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                             $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::bigint[],
+                             $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
+                             $16::text[], $17::text[], $18::text[], $19::text[], $20::bigint[],
+                             $21::bigint[], $22::bigint[], $23::bigint[])
+            WITH ORDINALITY AS i(",
+    columns!(),
+    ", ord)
+    ), ins AS (
+        INSERT INTO operations (",
+    columns!(),
+    ")
+        SELECT ",
+    columns!(),
+    " FROM input ORDER BY ord
+        ON CONFLICT (tenant, key) DO NOTHING
+        RETURNING ",
+    columns!(),
+    "
+    ), ev AS (
+        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+        SELECT ins.tenant, ins.key, e.kind, e.at, e.attempt, e.worker, e.detail
+        FROM ins
+             JOIN input ON input.tenant = ins.tenant AND input.key = ins.key
+             JOIN unnest($24::bigint[], $25::text[], $26::bigint[], $27::bigint[], $28::text[],
+                         $29::text[])
+                 WITH ORDINALITY AS e(request, kind, at, attempt, worker, detail, ord)
+               ON e.request = input.ord
+        ORDER BY e.ord
+    )
+    SELECT true AS inserted, ",
+    columns!(),
+    " FROM ins
+    UNION ALL
+    SELECT false AS inserted, existing.* FROM input,
+         LATERAL (SELECT ",
+    columns!(),
+    " FROM operations
+                  WHERE operations.tenant = input.tenant AND operations.key = input.key
+                  OFFSET 0) AS existing"
+);
+
+/// Many fenced compare-and-sets in one statement (see `batch`), for `rows` transitions. The
+/// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
+/// key) with no key twice, then the events `$21..$26` (position of their transition from 1,
+/// kind, at, attempt, worker, detail). Returns the position of each transition that applied,
+/// then its row. Positions past the arrays' length read NULL and match no row, so a batch may
+/// be sent with a statement for more rows than it has (the batcher rounds up to a power of
+/// two, so that a connection prepares a handful of these, not one per size).
+///
+/// Each row is its own `UPDATE` in its own CTE, the single [`TRANSITION`] with array elements
+/// for parameters: a lookup by key, fenced and re-checked on the newest row version after a
+/// wait exactly like the single statement, with a plan that cannot be anything else. One
+/// `UPDATE … FROM unnest(…)` would be shorter, but its generic plan cached on an empty table
+/// (where every plan costs nothing) was a hash join of the input with a scan of every row.
+/// The CTEs run in the order the final `UNION ALL` reads them, which is the sorted order, so
+/// rows are locked in (tenant, key) order.
+pub(crate) fn transition_batch(rows: usize) -> String {
+    let mut sql = String::from("WITH ");
+    for n in 1..=rows {
+        let at = |p: usize, ty: &str| format!("(${p}::{ty}[])[{n}]");
+        sql.push_str(&format!(
+            "u{n} AS (
+        UPDATE operations SET
+            status = {status}, fence = {fence}, lease_owner = {owner},
+            lease_expires_at = {expires}, dispatch = {dispatch}, job_id = {job},
+            effect_reference = {reference}, result = {result}, error_code = {code},
+            error_message = {message},
+            request = CASE WHEN {replace} THEN {request} ELSE request END,
+            approved_by = COALESCE({approver}, approved_by),
+            fingerprint = COALESCE({fingerprint}, fingerprint),
+            updated_at = {now}
+        WHERE tenant = {tenant} AND key = {key} AND fence = {expect_fence}
+          AND status = {expect_status}
+          AND ({expired_by} IS NULL OR lease_expires_at <= {expired_by})
+        RETURNING {n}::bigint AS ord, {columns}
+    ), ",
+            tenant = at(1, "text"),
+            key = at(2, "text"),
+            expect_fence = at(3, "bigint"),
+            expect_status = at(4, "text"),
+            expired_by = at(5, "bigint"),
+            status = at(6, "text"),
+            fence = at(7, "bigint"),
+            owner = at(8, "text"),
+            expires = at(9, "bigint"),
+            dispatch = at(10, "text"),
+            job = at(11, "text"),
+            reference = at(12, "text"),
+            result = at(13, "text"),
+            code = at(14, "text"),
+            message = at(15, "text"),
+            replace = at(16, "boolean"),
+            request = at(17, "text"),
+            approver = at(18, "text"),
+            fingerprint = at(19, "text"),
+            now = at(20, "bigint"),
+            columns = columns!(),
+        ));
+    }
+    sql.push_str("upd AS (\n        ");
+    let union: Vec<String> = (1..=rows).map(|n| format!("SELECT * FROM u{n}")).collect();
+    sql.push_str(&union.join("\n        UNION ALL "));
+    sql.push_str(concat!(
+        "
+    ), ev AS (
+        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
+        SELECT upd.tenant, upd.key, e.kind, e.at, e.attempt, e.worker, e.detail
+        FROM upd
+             JOIN unnest($21::bigint[], $22::text[], $23::bigint[], $24::bigint[], $25::text[],
+                         $26::text[])
+                 WITH ORDINALITY AS e(request, kind, at, attempt, worker, detail, eord)
+               ON e.request = upd.ord
+        ORDER BY e.eord
+    )
+    SELECT ord, ",
+        columns!(),
+        " FROM upd"
+    ));
+    sql
+}
 
 /// Appends trace entries; `$1, $2` the tenant and key, `$3..$7` the events.
 pub(crate) const APPEND_EVENTS: &str = "

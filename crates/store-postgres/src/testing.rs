@@ -25,6 +25,15 @@ pub mod statements {
     pub const TRANSITION: &str = crate::sql::TRANSITION;
     /// The read of one record by key, the only statement a replay issues.
     pub const GET: &str = crate::sql::GET;
+    /// Many claims in one statement, as the batcher sends them.
+    pub const CLAIM_BATCH: &str = crate::sql::CLAIM_BATCH;
+    /// Many fenced transitions in one statement, as the batcher sends them for `rows` rows.
+    pub fn transition_batch(rows: usize) -> String {
+        crate::sql::transition_batch(rows)
+    }
+    /// The planner settings every store connection starts with, for tests that inspect the
+    /// plans those connections get.
+    pub const PLANNER_SETTINGS: &[(&str, &str)] = crate::PLANNER_SETTINGS;
 }
 
 /// The administrative connection string tests read.

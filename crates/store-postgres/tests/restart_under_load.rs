@@ -130,6 +130,7 @@ async fn answers_stay_honest_and_every_key_converges_when_the_database_restarts_
             pool_size: 16,
             statement_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
+            ..Options::default()
         })
         .await;
     let started = Instant::now();
