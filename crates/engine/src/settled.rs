@@ -10,18 +10,51 @@
 //!
 //! The memory is bounded by a count of records: two generations of at most `capacity / 2`
 //! entries each, the older dropped whole when the newer fills. A record read in the older
-//! generation moves to the newer, so what is replayed often stays.
+//! generation moves to the newer, so what is replayed often stays. A record whose result is
+//! larger than [`MAX_RESULT_BYTES`] is not kept (its replays read the store), so the memory is
+//! at most about `capacity` × 8 KiB.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Millis, Record, RecordStatus};
+use idemgate_core::record::{Millis, Record, RecordState, RecordStatus};
 
 /// How long before its expiry a record stops being answered from memory: room for the clocks of
 /// other processes sharing the store (whose sweeper may compact it by their clock) to run ahead
 /// of this one.
 pub const MARGIN: Millis = 60_000;
+
+/// The largest result (as JSON) a kept record may carry.
+pub const MAX_RESULT_BYTES: usize = 8 * 1024;
+
+/// Counts the bytes written to it, and stops the writer once past the limit.
+struct Budget(usize);
+
+impl std::io::Write for Budget {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        if self.0 > MAX_RESULT_BYTES {
+            return Err(std::io::Error::other("over the budget"));
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether what `record` would keep in memory is small enough.
+fn small(record: &Record) -> bool {
+    match &record.state {
+        RecordState::Applied(receipt) => {
+            receipt.reference.len() <= MAX_RESULT_BYTES
+                && serde_json::to_writer(Budget(receipt.reference.len()), &receipt.result).is_ok()
+        }
+        RecordState::FailedPermanent(refusal) => refusal.message.len() <= MAX_RESULT_BYTES,
+        _ => false,
+    }
+}
 
 pub(crate) struct Settled {
     half: usize,
@@ -78,7 +111,7 @@ impl Settled {
 
     /// Keeps `record` if it is settled and has time to live at `now`.
     pub(crate) fn offer(&self, record: &Record, now: Millis) {
-        if self.half == 0 || !Settled::keepable(record, now) {
+        if self.half == 0 || !Settled::keepable(record, now) || !small(record) {
             return;
         }
         let mut g = self.generations.lock().unwrap_or_else(|e| e.into_inner());
@@ -190,6 +223,17 @@ mod tests {
             .collect();
         assert!(kept.iter().filter(|k| **k).count() <= 4, "{kept:?}");
         assert!(kept[5], "the newest is kept: {kept:?}");
+    }
+
+    #[test]
+    fn a_large_result_is_not_kept() {
+        let settled = Settled::new(8);
+        let mut big = applied("e", 1_000_000);
+        if let RecordState::Applied(receipt) = &mut big.state {
+            receipt.result = json!({ "body": "x".repeat(super::MAX_RESULT_BYTES) });
+        }
+        settled.offer(&big, 0);
+        assert_eq!(settled.get(&big.key, 0), None);
     }
 
     #[test]
