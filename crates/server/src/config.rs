@@ -48,6 +48,8 @@ pub struct Config {
     #[serde(default)]
     pub recovery: RecoveryConfig,
     #[serde(default)]
+    pub executor: ExecutorConfig,
+    #[serde(default)]
     pub mcp: McpConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
@@ -91,6 +93,22 @@ impl Default for RecoveryConfig {
         RecoveryConfig {
             interval_seconds: 5,
             sweep_interval_seconds: 300,
+        }
+    }
+}
+
+/// The executor's tunables.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutorConfig {
+    /// Settled records kept in memory so that their replays read no row (0: none).
+    pub settled_records: usize,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            settled_records: idemgate_engine::Settings::default().settled_records,
         }
     }
 }
@@ -179,6 +197,7 @@ impl Config {
             encryption_key_env: None,
             limits: Limits::default(),
             recovery: RecoveryConfig::default(),
+            executor: ExecutorConfig::default(),
             mcp: McpConfig::default(),
             tenants: Vec::new(),
         }
@@ -367,7 +386,7 @@ mod tests {
         check(
             "listen = \"127.0.0.1:0\"\nlisten_on = 1\n",
             Err(
-                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `mcp`, `tenants`",
+                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `executor`, `mcp`, `tenants`",
             ),
         );
         check(
@@ -393,6 +412,13 @@ mod tests {
             "environment = \"a:b\"\n",
             Err(
                 "gate.toml:1: field `environment`: must be printable ASCII without spaces or `:` (it is part of every operation key)",
+            ),
+        );
+        check("[executor]\nsettled_records = 0\n", Ok(()));
+        check(
+            "[executor]\nsettled_records = -1\n",
+            Err(
+                "gate.toml:2:19: field `settled_records`: invalid value: integer `-1`, expected usize",
             ),
         );
         check(

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use idemgate_core::contract::Contract;
 use idemgate_core::store::Store;
+use idemgate_engine::Settings;
 use idemgate_engine::sealed::{SealedStore, Sealer};
 
 use crate::auth::{Principal, Role, Tokens, generate_token};
@@ -164,6 +165,10 @@ pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result
     Ok(Gateway::new(store, tools, tokens)
         .environment(config.environment.clone())
         .limits(config.limits)
+        .settings(Settings {
+            settled_records: config.executor.settled_records,
+            ..Settings::default()
+        })
         .mcp_allowed_hosts(config.mcp.hosts(config.listen))
         .build())
 }
