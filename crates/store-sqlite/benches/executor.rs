@@ -285,54 +285,38 @@ fn replay(c: &mut Criterion) {
                 start.elapsed()
             })
         });
-        group.bench_function(format!("executor/{callers}"), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    let mut tasks = Vec::new();
-                    for t in 0..callers as u64 {
-                        let share = iters / callers as u64 + u64::from(t < iters % callers as u64);
-                        let (executor, contract) = (executor.clone(), contract.clone());
-                        tasks.push(tokio::spawn(async move {
-                            for _ in 0..share {
-                                let o = executor
-                                    .execute(&contract, &op("applied"), &ticket("Refund"), &Noop)
-                                    .await;
-                                assert_eq!(o.status, Status::Replayed);
-                            }
-                        }));
-                    }
-                    for t in tasks {
-                        t.await.unwrap();
-                    }
-                    start.elapsed()
+        for (side, executor) in [("executor", &executor), ("executor-uncached", &uncached)] {
+            group.bench_function(format!("{side}/{callers}"), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        let mut tasks = Vec::new();
+                        for t in 0..callers as u64 {
+                            let share =
+                                iters / callers as u64 + u64::from(t < iters % callers as u64);
+                            let (executor, contract) = (executor.clone(), contract.clone());
+                            tasks.push(tokio::spawn(async move {
+                                for _ in 0..share {
+                                    let o = executor
+                                        .execute(
+                                            &contract,
+                                            &op("applied"),
+                                            &ticket("Refund"),
+                                            &Noop,
+                                        )
+                                        .await;
+                                    assert_eq!(o.status, Status::Replayed);
+                                }
+                            }));
+                        }
+                        for t in tasks {
+                            t.await.unwrap();
+                        }
+                        start.elapsed()
+                    })
                 })
-            })
-        });
-        group.bench_function(format!("executor-uncached/{callers}"), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    let mut tasks = Vec::new();
-                    for t in 0..callers as u64 {
-                        let share = iters / callers as u64 + u64::from(t < iters % callers as u64);
-                        let (executor, contract) = (uncached.clone(), contract.clone());
-                        tasks.push(tokio::spawn(async move {
-                            for _ in 0..share {
-                                let o = executor
-                                    .execute(&contract, &op("applied"), &ticket("Refund"), &Noop)
-                                    .await;
-                                assert_eq!(o.status, Status::Replayed);
-                            }
-                        }));
-                    }
-                    for t in tasks {
-                        t.await.unwrap();
-                    }
-                    start.elapsed()
-                })
-            })
-        });
+            });
+        }
     }
     group.finish();
     assert_eq!(
