@@ -57,12 +57,12 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 
 use idemgate_core::record::{Event, Record, Row};
-use idemgate_core::store::{self, Cas, Claimed, RequestUpdate, Transition};
+use idemgate_core::store::{self, Cas, Claimed, Transition};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
 use crate::conn::{self, Kind};
-use crate::{PgStore, record_of, sql};
+use crate::{EventColumns, PgStore, record_of, request_columns, sql};
 
 /// What a queued caller is told.
 pub(crate) enum Reply<T> {
@@ -382,11 +382,11 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
         &expires_at,
         &purge_at,
         &ev.request,
-        &ev.kind,
-        &ev.at,
-        &ev.attempt,
-        &ev.worker,
-        &ev.detail,
+        &ev.columns.kind,
+        &ev.columns.at,
+        &ev.columns.attempt,
+        &ev.columns.worker,
+        &ev.columns.detail,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {
@@ -454,14 +454,8 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let result = opt(|r| &r.result);
     let error_code = opt(|r| &r.error_code);
     let error_message = opt(|r| &r.error_message);
-    let (replace_request, request): (Vec<bool>, Vec<Option<String>>) = ts
-        .iter()
-        .map(|t| match &t.request {
-            RequestUpdate::Keep => (false, None),
-            RequestUpdate::Clear => (true, None),
-            RequestUpdate::Set(value) => (true, Some(value.to_string())),
-        })
-        .unzip();
+    let (replace_request, request): (Vec<bool>, Vec<Option<String>>) =
+        ts.iter().map(|t| request_columns(&t.request)).unzip();
     let approved_by: Vec<Option<&str>> = ts.iter().map(|t| t.approved_by.as_deref()).collect();
     let fingerprint: Vec<Option<&str>> = ts
         .iter()
@@ -491,11 +485,11 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         &fingerprint,
         &now,
         &ev.request,
-        &ev.kind,
-        &ev.at,
-        &ev.attempt,
-        &ev.worker,
-        &ev.detail,
+        &ev.columns.kind,
+        &ev.columns.at,
+        &ev.columns.attempt,
+        &ev.columns.worker,
+        &ev.columns.detail,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {
@@ -551,31 +545,19 @@ fn fail<T>(replies: impl Iterator<Item = oneshot::Sender<Reply<T>>>, e: store::E
 /// request in the batch; their order is the order given.
 struct BatchEvents {
     request: Vec<i64>,
-    kind: Vec<&'static str>,
-    at: Vec<i64>,
-    attempt: Vec<i64>,
-    worker: Vec<String>,
-    detail: Vec<Option<String>>,
+    columns: EventColumns,
 }
 
 impl BatchEvents {
     fn of<'a>(per_request: impl Iterator<Item = &'a [Event]>) -> BatchEvents {
         let mut ev = BatchEvents {
             request: Vec::new(),
-            kind: Vec::new(),
-            at: Vec::new(),
-            attempt: Vec::new(),
-            worker: Vec::new(),
-            detail: Vec::new(),
+            columns: EventColumns::default(),
         };
         for (i, events) in per_request.enumerate() {
             for e in events {
                 ev.request.push(i as i64 + 1);
-                ev.kind.push(e.kind.as_str());
-                ev.at.push(e.at);
-                ev.attempt.push(e.attempt as i64);
-                ev.worker.push(e.worker.clone());
-                ev.detail.push(e.detail.clone());
+                ev.columns.push(e);
             }
         }
         ev

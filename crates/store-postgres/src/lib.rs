@@ -378,11 +378,7 @@ impl PgStore {
     async fn transition_single(&self, t: Transition) -> Result<Cas, store::Error> {
         let mut next = Row::default();
         next.set_state(&t.next);
-        let (replace_request, request) = match &t.request {
-            RequestUpdate::Keep => (false, None),
-            RequestUpdate::Clear => (true, None),
-            RequestUpdate::Set(value) => (true, Some(value.to_string())),
-        };
+        let (replace_request, request) = request_columns(&t.request);
         let fingerprint = t.fingerprint.as_ref().map(|f| f.as_str().to_string());
         let ev = EventColumns::of(&t.events);
         let expect_fence = t.expect.fence as i64;
@@ -610,23 +606,38 @@ fn record_of(r: &tokio_postgres::Row, offset: usize) -> Result<Record, store::Er
 }
 
 /// Events as parallel arrays, the shape `unnest` turns back into rows inside one statement.
-struct EventColumns {
-    kind: Vec<&'static str>,
-    at: Vec<i64>,
-    attempt: Vec<i64>,
-    worker: Vec<String>,
-    detail: Vec<Option<String>>,
+#[derive(Default)]
+pub(crate) struct EventColumns {
+    pub(crate) kind: Vec<&'static str>,
+    pub(crate) at: Vec<i64>,
+    pub(crate) attempt: Vec<i64>,
+    pub(crate) worker: Vec<String>,
+    pub(crate) detail: Vec<Option<String>>,
 }
 
 impl EventColumns {
     fn of(events: &[Event]) -> EventColumns {
-        EventColumns {
-            kind: events.iter().map(|e| e.kind.as_str()).collect(),
-            at: events.iter().map(|e| e.at).collect(),
-            attempt: events.iter().map(|e| e.attempt as i64).collect(),
-            worker: events.iter().map(|e| e.worker.clone()).collect(),
-            detail: events.iter().map(|e| e.detail.clone()).collect(),
-        }
+        let mut columns = EventColumns::default();
+        events.iter().for_each(|e| columns.push(e));
+        columns
+    }
+
+    pub(crate) fn push(&mut self, e: &Event) {
+        self.kind.push(e.kind.as_str());
+        self.at.push(e.at);
+        self.attempt.push(e.attempt as i64);
+        self.worker.push(e.worker.clone());
+        self.detail.push(e.detail.clone());
+    }
+}
+
+/// A transition's request change as the statements' two parameters: whether to replace the
+/// stored request, and the new value (NULL to clear it).
+pub(crate) fn request_columns(update: &RequestUpdate) -> (bool, Option<String>) {
+    match update {
+        RequestUpdate::Keep => (false, None),
+        RequestUpdate::Clear => (true, None),
+        RequestUpdate::Set(value) => (true, Some(value.to_string())),
     }
 }
 
