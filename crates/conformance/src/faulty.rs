@@ -389,6 +389,7 @@ mod tests {
             updated_at: 0,
             expires_at: 1_000,
             purge_at: 2_000,
+            intent_window: false,
         }
     }
 

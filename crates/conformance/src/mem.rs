@@ -274,7 +274,8 @@ impl Store for MemStore {
                 .records
                 .values()
                 .filter(|r| {
-                    r.tenant() == tenant
+                    r.intent_window
+                        && r.tenant() == tenant
                         && r.tool == tool
                         && &r.fingerprint == fingerprint
                         && r.created_at >= since
@@ -368,6 +369,7 @@ mod tests {
             updated_at: 0,
             expires_at: 1_000,
             purge_at: 2_000,
+            intent_window: true,
         }
     }
 

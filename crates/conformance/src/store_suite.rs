@@ -128,6 +128,7 @@ pub fn record(key_text: &str, state: RecordState) -> Record {
         updated_at: 1_000,
         expires_at: 100_000,
         purge_at: 200_000,
+        intent_window: true,
     }
 }
 
@@ -917,7 +918,8 @@ pub async fn recoverable_finds_expired_released_and_jobs<S: Store>(store: S) {
     );
 }
 
-/// A fingerprint is found only in its tenant and tool, and only at or after `since`.
+/// A fingerprint is found only in its tenant and tool, only at or after `since`, and only in
+/// records claimed with a duplicate-intent window.
 pub async fn find_fingerprint_respects_since<S: Store>(store: S) {
     let arguments = json!({"title": "printer on fire", "priority": 1});
     let fp = fingerprint(&arguments);
@@ -974,6 +976,17 @@ pub async fn find_fingerprint_respects_since<S: Store>(store: S) {
         find("acme", TOOL, fp.clone(), 0).await,
         Some(first.key.clone())
     );
+    assert_eq!(
+        find("acme", TOOL, fp.clone(), 1_001).await,
+        Some(later.key.clone())
+    );
+
+    // A record claimed without a duplicate-intent window is not found, even an earlier one.
+    let mut unwatched = record("acme:prod:wf-intent:s3", applied("ticket-4"));
+    unwatched.fingerprint = fp.clone();
+    unwatched.created_at = 1_500;
+    unwatched.intent_window = false;
+    claim_new(&store, &unwatched, Vec::new()).await;
     assert_eq!(find("acme", TOOL, fp, 1_001).await, Some(later.key.clone()));
 }
 

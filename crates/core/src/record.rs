@@ -153,6 +153,11 @@ pub struct Record {
     pub expires_at: Millis,
     /// When the tombstone itself is deleted.
     pub purge_at: Millis,
+    /// Whether the contract version it was claimed under has a duplicate-intent window. Only
+    /// such records are found by `Store::find_fingerprint`, so stores index only these: a
+    /// fingerprint names its tool and version, so every record a lookup could match was claimed
+    /// under the same contract version, and so with the window.
+    pub intent_window: bool,
 }
 
 impl Record {
@@ -313,6 +318,7 @@ pub struct Row {
     pub updated_at: i64,
     pub expires_at: i64,
     pub purge_at: i64,
+    pub intent_window: bool,
 }
 
 /// A row that does not describe a valid record: a bug or a foreign write, never silently fixed.
@@ -341,6 +347,7 @@ impl Row {
             updated_at: r.updated_at,
             expires_at: r.expires_at,
             purge_at: r.purge_at,
+            intent_window: r.intent_window,
             ..Row::default()
         };
         row.set_state(&r.state);
@@ -479,6 +486,7 @@ impl Row {
             updated_at: self.updated_at,
             expires_at: self.expires_at,
             purge_at: self.purge_at,
+            intent_window: self.intent_window,
         })
     }
 }
@@ -505,6 +513,7 @@ mod tests {
             updated_at: 2,
             expires_at: 3,
             purge_at: 4,
+            intent_window: true,
         }
     }
 

@@ -156,7 +156,7 @@ pub trait Store: Send + Sync + 'static {
     fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
     /// A record of `tool` in `tenant` with this fingerprint created at or after `since`, for
-    /// the duplicate-intent window.
+    /// the duplicate-intent window. Only records claimed with `intent_window` set are found.
     fn find_fingerprint<'a>(
         &'a self,
         tenant: &'a str,

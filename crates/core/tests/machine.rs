@@ -72,6 +72,7 @@ fn record(c: &Contract, state: RecordState) -> Record {
         updated_at: NOW - 60_000,
         expires_at: NOW + 86_400_000,
         purge_at: NOW + 30 * 86_400_000,
+        intent_window: false,
     }
 }
 

@@ -521,6 +521,7 @@ impl Executor {
             updated_at: now,
             expires_at: now + retention.record_ttl.millis(),
             purge_at: now + retention.record_ttl.millis() + retention.tombstone_ttl.millis(),
+            intent_window: contract.duplicate_intent_window().is_some(),
         };
         let mut events = vec![
             self.event(EventKind::Proposed, 1),

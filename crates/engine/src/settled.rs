@@ -157,6 +157,7 @@ mod tests {
             updated_at: 0,
             expires_at,
             purge_at: expires_at + 1,
+            intent_window: false,
         }
     }
 

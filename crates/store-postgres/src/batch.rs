@@ -357,7 +357,8 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
         int(|r| r.expires_at),
         int(|r| r.purge_at),
     );
-    let params: [&(dyn ToSql + Sync); 29] = [
+    let intent_window: Vec<bool> = rows.iter().map(|r| r.intent_window).collect();
+    let params: [&(dyn ToSql + Sync); 30] = [
         &tenant,
         &key,
         &tool,
@@ -387,6 +388,7 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
         &ev.columns.attempt,
         &ev.columns.worker,
         &ev.columns.detail,
+        &intent_window,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {

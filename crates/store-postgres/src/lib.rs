@@ -320,6 +320,7 @@ impl PgStore {
                         &ev.attempt,
                         &ev.worker,
                         &ev.detail,
+                        &row.intent_window,
                     ],
                 )
                 .await?;

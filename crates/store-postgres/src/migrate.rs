@@ -13,6 +13,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_plan_safe_indexes",
         include_str!("../migrations/0002_plan_safe_indexes.sql"),
     ),
+    (
+        "0003_intent_window",
+        include_str!("../migrations/0003_intent_window.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

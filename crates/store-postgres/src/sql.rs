@@ -67,7 +67,8 @@ macro_rules! columns {
     () => {
         "tenant, key, tool, tool_version, fingerprint, canonicalization, status, fence, \
          lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, error_code, \
-         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at"
+         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at, \
+         intent_window"
     };
 }
 
@@ -78,8 +79,9 @@ pub(crate) const GET: &str = concat!(
     " FROM operations WHERE tenant = $1 AND key = $2"
 );
 
-/// Claim-or-load in one round trip. `$1..$23` are the row, `$24..$28` the events as parallel
-/// arrays (kind, at, attempt, worker, detail).
+/// Claim-or-load in one round trip. `$1..$23` and `$29` are the row (`$29` its
+/// `intent_window`, the column added last), `$24..$28` the events as parallel arrays (kind, at,
+/// attempt, worker, detail).
 ///
 /// The events are inserted by a cross join with `ins`, so they exist only if the row was
 /// inserted; `WITH ORDINALITY` and the `ORDER BY` give them ids in the order they were passed.
@@ -93,7 +95,7 @@ pub(crate) const CLAIM: &str = concat!(
     columns!(),
     ")
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                $18, $19, $20, $21, $22, $23)
+                $18, $19, $20, $21, $22, $23, $29)
         ON CONFLICT (tenant, key) DO NOTHING
         RETURNING ",
     columns!(),
@@ -167,7 +169,7 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
                              $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::bigint[],
                              $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
                              $16::text[], $17::text[], $18::text[], $19::text[], $20::bigint[],
-                             $21::bigint[], $22::bigint[], $23::bigint[])
+                             $21::bigint[], $22::bigint[], $23::bigint[], $30::boolean[])
             WITH ORDINALITY AS i(",
     columns!(),
     ", ord)
@@ -325,10 +327,11 @@ pub(crate) const RECOVERABLE: &str = concat!(
 );
 
 /// The duplicate-intent window: the earliest record of this tool and fingerprint created at or
-/// after `$4`.
+/// after `$4`, among those claimed with the window (the only ones `operations_fingerprint`
+/// holds, migration 0003).
 pub(crate) const FIND_FINGERPRINT: &str = "
     SELECT key FROM operations
-    WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND created_at >= $4
+    WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND created_at >= $4 AND intent_window
     ORDER BY created_at, key
     LIMIT 1";
 
@@ -449,5 +452,6 @@ pub(crate) fn read_row(
         updated_at: r.try_get(at(20))?,
         expires_at: r.try_get(at(21))?,
         purge_at: r.try_get(at(22))?,
+        intent_window: r.try_get(at(23))?,
     })
 }

@@ -75,9 +75,9 @@ async fn generic_plans_look_up_by_key_on_an_empty_table() {
     }
     let hot = [
         ("GET", statements::GET, 2),
-        ("CLAIM", statements::CLAIM, 28),
+        ("CLAIM", statements::CLAIM, 29),
         ("TRANSITION", statements::TRANSITION, 25),
-        ("CLAIM_BATCH", statements::CLAIM_BATCH, 29),
+        ("CLAIM_BATCH", statements::CLAIM_BATCH, 30),
     ];
     let transition_batch = statements::transition_batch(4);
     // Never analysed; analysed while empty (what autovacuum leaves after everything was

@@ -30,15 +30,15 @@ async fn insert_raw(client: &impl tokio_postgres::GenericClient, record: &idemga
             "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, canonicalization,
                  status, fence, lease_owner, lease_expires_at, dispatch, job_id, effect_reference,
                  result, error_code, error_message, actor, request, approved_by, created_at,
-                 updated_at, expires_at, purge_at)
+                 updated_at, expires_at, purge_at, intent_window)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19, $20, $21, $22, $23)",
+                 $18, $19, $20, $21, $22, $23, $24)",
             &[
                 &r.tenant, &r.key, &r.tool, &r.tool_version, &r.fingerprint, &r.canonicalization,
                 &r.status, &r.fence, &r.lease_owner, &r.lease_expires_at, &r.dispatch, &r.job_id,
                 &r.effect_reference, &r.result, &r.error_code, &r.error_message, &r.actor,
                 &r.request, &r.approved_by, &r.created_at, &r.updated_at, &r.expires_at,
-                &r.purge_at,
+                &r.purge_at, &r.intent_window,
             ],
         )
         .await
@@ -739,6 +739,70 @@ async fn find_fingerprint_within_the_window() {
     assert_eq!(find("acme", "create_ticket", 7, T0 + 1001).await, None);
     assert_eq!(find("acme", "create_ticket", 8, T0).await, None);
     assert_eq!(find("acme", "create_ticket", 9, T0).await, None);
+}
+
+/// A database of schema version 2 (before `intent_window`): its records stay findable by
+/// fingerprint after the upgrade, while a record claimed afterwards without the window is not.
+#[tokio::test]
+async fn records_from_before_the_intent_flag_stay_findable() {
+    let db = database!();
+    let mut client = admin(db.url()).await;
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(
+        "CREATE TABLE idemgate_schema_version (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .unwrap();
+    for (index, (name, sql)) in migrate::MIGRATIONS[..2].iter().enumerate() {
+        tx.batch_execute(sql).await.unwrap();
+        tx.execute(
+            "INSERT INTO idemgate_schema_version (version, name) VALUES ($1, $2)",
+            &[&(index as i32 + 1), name],
+        )
+        .await
+        .unwrap();
+    }
+    let mut old = claimed("acme:prod:wf:old", "w1", T0);
+    old.fingerprint = fingerprint(7);
+    let r = idemgate_core::record::Row::from_record(&old);
+    tx.execute(
+        "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, canonicalization,
+             status, fence, actor, created_at, updated_at, expires_at, purge_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        &[
+            &r.tenant,
+            &r.key,
+            &r.tool,
+            &r.tool_version,
+            &r.fingerprint,
+            &r.canonicalization,
+            &"unknown",
+            &r.fence,
+            &r.actor,
+            &r.created_at,
+            &r.updated_at,
+            &r.expires_at,
+            &r.purge_at,
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let store = db.store().await;
+    let mut unwatched = claimed("acme:prod:wf:new", "w1", T0 - 1);
+    unwatched.fingerprint = fingerprint(7);
+    unwatched.intent_window = false;
+    store.claim(unwatched, vec![]).await.unwrap();
+    let found = store
+        .find_fingerprint("acme", &old.tool, &fingerprint(7), 0)
+        .await
+        .unwrap();
+    assert_eq!(found.as_ref().map(|k| k.as_str()), Some("acme:prod:wf:old"));
 }
 
 #[tokio::test]

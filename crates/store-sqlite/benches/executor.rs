@@ -2,9 +2,9 @@
 //! run. `scripts/bench-ratios` turns criterion's estimates into the ratios in BENCHMARKS.md.
 //!
 //! - `unique/{bare,executor}/{1,64}`: a new operation key per call; the effect is a no-op.
-//!   The bare loop issues the same claim (insert + 3 events) and finalise (conditional update,
-//!   the row read back, 3 events) statements, one transaction each, on a connection with the same file settings
-//!   (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection behind a mutex
+//!   The bare loop issues the same claim (insert, with 3 trace entries) and finalise
+//!   (conditional update appending 3 entries, the row read back) statements, one transaction
+//!   each, on a connection with the same file settings (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection behind a mutex
 //!   (its best case: separate connections would also spin on SQLite's busy handler).
 //! - `replay/{bare,executor,executor-uncached}/{1,64}`: an applied key delivered again, against
 //!   a bare primary-key read of the same row with the same statement, every column decoded.
@@ -23,7 +23,7 @@ use idemgate_core::effect::{
 };
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::Receipt;
+use idemgate_core::record::{Event, EventKind, Receipt};
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::{Executor, Settings};
 use idemgate_store_sqlite::{Options, SqliteStore};
@@ -72,42 +72,60 @@ fn bare_connection(path: &std::path::Path) -> Connection {
 const INSERT: &str = "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
     canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, job_id, \
     effect_reference, result, error_code, error_message, actor, request, approved_by, created_at, \
-    updated_at, expires_at, purge_at) VALUES (?1, ?2, 'tickets.create', '2026-08-18', ?3, 1, \
-    'pending', 1, 'bare', ?4, 'not_sent', NULL, NULL, NULL, NULL, NULL, 'agent-1', ?5, NULL, ?4, \
-    ?4, ?4, ?4) ON CONFLICT (tenant, key) DO NOTHING";
-const EVENT: &str = "INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) \
-    VALUES (?1, ?2, ?3, ?4, 1, 'bare', NULL)";
+    updated_at, expires_at, purge_at, intent_window, trace) VALUES (?1, ?2, 'tickets.create', \
+    '2026-08-18', ?3, 1, 'pending', 1, 'bare', ?4, 'not_sent', NULL, NULL, NULL, NULL, NULL, \
+    'agent-1', ?5, NULL, ?4, ?4, ?4, ?4, 0, ?6) ON CONFLICT (tenant, key) DO NOTHING";
 const FINALISE: &str = "UPDATE operations SET status = 'applied', lease_owner = NULL, \
     lease_expires_at = NULL, dispatch = NULL, job_id = NULL, effect_reference = ?3, result = ?4, \
-    error_code = NULL, error_message = NULL, fence = 1, updated_at = ?5, request = NULL \
-    WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending'";
+    error_code = NULL, error_message = NULL, fence = 1, updated_at = ?5, request = NULL, \
+    trace = trace || ?6 WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending'";
 const READ: &str = "SELECT tenant, key, tool, tool_version, fingerprint, canonicalization, \
     status, fence, lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, \
     error_code, error_message, actor, request, approved_by, created_at, updated_at, expires_at, \
-    purge_at FROM operations WHERE tenant = ?1 AND key = ?2";
+    purge_at, intent_window FROM operations WHERE tenant = ?1 AND key = ?2";
+
+/// Three trace entries in the store's form (one JSON object per line), as a claim and a
+/// finalise each append.
+fn entries(kinds: [EventKind; 3], at: i64) -> String {
+    kinds
+        .into_iter()
+        .map(|kind| serde_json::to_string(&Event::new(kind, at, 1, "bare")).unwrap() + "\n")
+        .collect()
+}
 
 /// One operation as the raw store: the claim transaction, then the finalise transaction.
 fn bare_operation(conn: &mut Connection, n: u64) {
     let key = format!("acme:bench:bare:{n}");
     let fp = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
     let request = ticket("Refund").to_string();
+    let at = n as i64;
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .unwrap();
+    let claimed = entries(
+        [
+            EventKind::Proposed,
+            EventKind::Validated,
+            EventKind::Claimed,
+        ],
+        at,
+    );
     tx.prepare_cached(INSERT)
         .unwrap()
-        .execute(params!["acme", key, fp, n as i64, request])
+        .execute(params!["acme", key, fp, at, request, claimed])
         .unwrap();
-    for kind in ["proposed", "validated", "claimed"] {
-        tx.prepare_cached(EVENT)
-            .unwrap()
-            .execute(params!["acme", key, kind, n as i64])
-            .unwrap();
-    }
     tx.commit().unwrap();
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .unwrap();
+    let settled = entries(
+        [
+            EventKind::Sent,
+            EventKind::Committed,
+            EventKind::Acknowledged,
+        ],
+        at,
+    );
     let changed = tx
         .prepare_cached(FINALISE)
         .unwrap()
@@ -116,18 +134,13 @@ fn bare_operation(conn: &mut Connection, n: u64) {
             key,
             n.to_string(),
             r#"{"ok":true}"#,
-            n as i64
+            at,
+            settled
         ])
         .unwrap();
     assert_eq!(changed, 1);
     // The store reads the row back as written, in the same transaction.
     bare_read(&tx, &key);
-    for kind in ["sent", "committed", "acknowledged"] {
-        tx.prepare_cached(EVENT)
-            .unwrap()
-            .execute(params!["acme", key, kind, n as i64])
-            .unwrap();
-    }
     tx.commit().unwrap();
 }
 
@@ -138,8 +151,8 @@ fn bare_read(conn: &Connection, key: &str) {
         .prepare_cached(READ)
         .unwrap()
         .query_row(params!["acme", key], |r| {
-            let mut columns = Vec::with_capacity(23);
-            for i in 0..23 {
+            let mut columns = Vec::with_capacity(24);
+            for i in 0..24 {
                 columns.push(r.get::<_, rusqlite::types::Value>(i)?);
             }
             Ok(columns)

@@ -12,6 +12,7 @@
 //!   throughput limit; group commit shares it. [`Stats`] counts commits and commands.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), compare-and-set transitions, event
 //!   appends and the retention sweep, each run inside the writer's transaction.
+//! - `trace` — the event trace, kept in the operation's own row as JSON lines.
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
 //!   in WAL mode reads never wait behind the writer.
 //! - `error` — rusqlite errors classified as `store::Error` (`Unavailable`, `Ambiguous`,
@@ -40,6 +41,7 @@ mod error;
 mod read;
 mod readers;
 mod schema;
+mod trace;
 mod write;
 mod writer;
 
@@ -231,19 +233,34 @@ impl Store for SqliteStore {
     }
 
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
-        Box::pin(
-            self.inner
+        // Shared with the command rather than cloned by it: the writer drops its share before
+        // answering, so an inserted record comes back here without a copy.
+        let claim = Arc::new(write::Claim::new(record, &events));
+        let work = Arc::clone(&claim);
+        Box::pin(async move {
+            let existing = self
+                .inner
                 .writer
-                .submit(move |conn| write::claim(conn, &record, &events)),
-        )
+                .submit(move |conn| write::claim(conn, &work))
+                .await?;
+            Ok(match existing {
+                Some(existing) => Claimed::Existing(read::record(existing)?),
+                None => Claimed::Inserted(
+                    Arc::try_unwrap(claim).map_or_else(|c| c.record.clone(), |c| c.record),
+                ),
+            })
+        })
     }
 
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
-        Box::pin(
+        let update = write::Update::new(&transition);
+        Box::pin(async move {
             self.inner
                 .writer
-                .submit(move |conn| write::transition(conn, &transition)),
-        )
+                .submit(move |conn| write::transition(conn, &update))
+                .await?
+                .decode()
+        })
     }
 
     fn append_events<'a>(
@@ -251,11 +268,11 @@ impl Store for SqliteStore {
         key: &'a OperationKey,
         events: Vec<Event>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let key = key.clone();
+        let (key, entries) = (key.clone(), trace::encode(&events));
         Box::pin(
             self.inner
                 .writer
-                .submit(move |conn| write::append(conn, &key, &events)),
+                .submit(move |conn| write::append(conn, &key, &entries)),
         )
     }
 
@@ -339,6 +356,43 @@ mod tests {
                 !program.iter().any(|op| op == "OpenEphemeral"),
                 "{sql}\n{program:?}"
             );
+        }
+    }
+
+    #[test]
+    fn listings_by_status_read_an_index_of_that_status() {
+        use idemgate_core::record::RecordStatus;
+        use idemgate_core::store::Filter;
+
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        schema::migrate(&conn).expect("the schema applies");
+        for status in RecordStatus::ALL {
+            let filter = Filter {
+                tenant: Some("acme".into()),
+                status: Some(status),
+                tool: Some("tickets.create".into()),
+                after: Some("acme:prod:wf:a".into()),
+                limit: 10,
+            };
+            let (sql, values) = read::list_query(&filter);
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("the listing prepares");
+            let plan = stmt
+                .query_map(rusqlite::params_from_iter(values), |r| {
+                    r.get::<_, String>(3)
+                })
+                .expect("the plan runs")
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .expect("the plan reads")
+                .join("\n");
+            // Pending rows are not in the listing index; every other status is, and a listing
+            // of it must not scan the table.
+            let index = match status {
+                RecordStatus::Pending => "USING INDEX operations_recoverable",
+                _ => "USING INDEX operations_list_by_tenant (tenant=? AND status=? AND tool=?",
+            };
+            assert!(plan.contains(index), "{status:?}: {sql}\n{plan}");
         }
     }
 

@@ -3,12 +3,13 @@
 
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus, Row};
 use idemgate_core::store::{Error, Filter};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use crate::error::Context;
+use crate::trace;
 
 /// The columns of `operations` in the order `row` reads them. A macro rather than a constant so
 /// that `concat!` can build whole statements at compile time.
@@ -16,7 +17,8 @@ macro_rules! columns {
     () => {
         "tenant, key, tool, tool_version, fingerprint, canonicalization, status, fence, \
          lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, error_code, \
-         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at"
+         error_message, actor, request, approved_by, created_at, updated_at, expires_at, purge_at, \
+         intent_window"
     };
 }
 pub(crate) use columns;
@@ -52,6 +54,7 @@ pub(crate) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
         updated_at: r.get(20)?,
         expires_at: r.get(21)?,
         purge_at: r.get(22)?,
+        intent_window: r.get(23)?,
     })
 }
 
@@ -70,73 +73,65 @@ pub(crate) fn limit(value: usize) -> i64 {
 }
 
 pub(crate) fn get(conn: &Connection, key: &OperationKey) -> Result<Option<Record>, Error> {
+    get_row(conn, key)?.map(record).transpose()
+}
+
+/// The row of `key` as stored, not yet decoded: the writer thread reads rows back with this
+/// and leaves the decoding (the request's and the result's JSON among it) to the caller's task.
+pub(crate) fn get_row(conn: &Connection, key: &OperationKey) -> Result<Option<Row>, Error> {
     let what = || format!("reading {key}");
-    let found = conn
-        .prepare_cached(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM operations WHERE tenant = ?1 AND key = ?2"
-        ))
-        .context(what)?
-        .query_row(params![key.tenant(), key.as_str()], row)
-        .optional()
-        .context(what)?;
-    found.map(record).transpose()
+    conn.prepare_cached(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM operations WHERE tenant = ?1 AND key = ?2"
+    ))
+    .context(what)?
+    .query_row(params![key.tenant(), key.as_str()], row)
+    .optional()
+    .context(what)
 }
 
 pub(crate) fn events(conn: &Connection, key: &OperationKey) -> Result<Vec<Event>, Error> {
     let what = || format!("reading the events of {key}");
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT kind, at, attempt, worker, detail FROM events \
-             WHERE tenant = ?1 AND key = ?2 ORDER BY id",
-        )
+    let stored: Option<String> = conn
+        .prepare_cached("SELECT trace FROM operations WHERE tenant = ?1 AND key = ?2")
+        .context(what)?
+        .query_row(params![key.tenant(), key.as_str()], |r| r.get(0))
+        .optional()
         .context(what)?;
-    let rows = stmt
-        .query_map(params![key.tenant(), key.as_str()], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, Option<String>>(4)?,
-            ))
-        })
-        .context(what)?;
-    let mut events = Vec::new();
-    for fields in rows {
-        let (kind, at, attempt, worker, detail) = fields.context(what)?;
-        let kind = EventKind::parse(&kind).ok_or_else(|| {
-            Error::Corrupt(format!("an event of {key} has the unknown kind `{kind}`"))
-        })?;
-        let attempt = u64::try_from(attempt).map_err(|_| {
-            Error::Corrupt(format!(
-                "an event of {key} has the negative attempt {attempt}"
-            ))
-        })?;
-        events.push(Event {
-            kind,
-            at,
-            attempt,
-            worker,
-            detail,
-        });
-    }
-    Ok(events)
+    stored.map_or(Ok(Vec::new()), |text| trace::decode(key, &text))
 }
 
 pub(crate) fn list(conn: &Connection, filter: &Filter) -> Result<Vec<Record>, Error> {
-    let what = || format!("listing operations ({filter:?})");
+    let (sql, values) = list_query(filter);
+    collect(conn, &sql, values, || {
+        format!("listing operations ({filter:?})")
+    })
+}
+
+/// The statement and values of a listing.
+pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
     let mut sql = String::from(concat!("SELECT ", columns!(), " FROM operations"));
     let mut clauses = Vec::new();
     let mut values = Vec::new();
+    // The listing index holds every row but the pending ones (see migration 0004): a listing
+    // of another status repeats the index's condition word for word so that SQLite may use it,
+    // and a listing of pending rows reads the recoverer's index, which holds only those.
+    match filter.status {
+        Some(RecordStatus::Pending) => {
+            sql.push_str(" INDEXED BY operations_recoverable");
+            clauses.push("status = 'pending'");
+        }
+        Some(status) => {
+            clauses.push("status <> 'pending'");
+            clauses.push("status = ?");
+            values.push(Value::Text(status.as_str().into()));
+        }
+        None => {}
+    }
     if let Some(tenant) = &filter.tenant {
         clauses.push("tenant = ?");
         values.push(Value::Text(tenant.clone()));
-    }
-    if let Some(status) = filter.status {
-        clauses.push("status = ?");
-        values.push(Value::Text(status.as_str().into()));
     }
     if let Some(tool) = &filter.tool {
         clauses.push("tool = ?");
@@ -156,7 +151,7 @@ pub(crate) fn list(conn: &Connection, filter: &Filter) -> Result<Vec<Record>, Er
         n => n.min(MAX_LIST_LIMIT),
     };
     values.push(Value::Integer(limit(page)));
-    collect(conn, &sql, values, what)
+    (sql, values)
 }
 
 // A released claim (no owner) may be taken over whatever its expiry says, and an accepted
@@ -199,6 +194,7 @@ pub(crate) fn find_fingerprint(
         .prepare_cached(
             "SELECT key FROM operations \
              WHERE tenant = ?1 AND tool = ?2 AND fingerprint = ?3 AND created_at >= ?4 \
+             AND intent_window \
              ORDER BY created_at, key LIMIT 1",
         )
         .context(what)?

@@ -22,6 +22,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0003_expiring_without_in_list",
         include_str!("../migrations/0003_expiring_without_in_list.sql"),
     ),
+    (
+        "0004_fewer_index_writes",
+        include_str!("../migrations/0004_fewer_index_writes.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.
@@ -76,4 +80,89 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use idemgate_core::key::OperationKey;
+    use idemgate_core::record::{Event, EventKind};
+    use rusqlite::{Connection, params};
+
+    use super::{MIGRATIONS, SCHEMA_VERSION, migrate};
+    use crate::read;
+
+    #[test]
+    fn the_trace_table_moves_into_the_rows_in_order() {
+        // A file as version 3 left it: a record, its entries in a table of their own (appended
+        // out of key order, one with a detail), and an entry whose record is gone.
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for (_, sql) in &MIGRATIONS[..3] {
+            conn.execute_batch(sql).expect("an old migration applies");
+        }
+        conn.pragma_update(None, "user_version", 3)
+            .expect("the version is set");
+        conn.execute(
+            "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
+             canonicalization, status, fence, actor, created_at, updated_at, expires_at, \
+             purge_at) VALUES ('acme', ?1, 't', '1', 'sha256:00', 1, 'unknown', 2, 'a', 1, 1, \
+             9, 9)",
+            ["acme:prod:wf:one"],
+        )
+        .expect("a version-3 row");
+        let entries = [
+            ("acme:prod:wf:one", "claimed", 10, 1, None),
+            ("acme:prod:wf:gone", "claimed", 11, 1, None),
+            (
+                "acme:prod:wf:one",
+                "sent",
+                12,
+                1,
+                Some("line one\nline \"two\""),
+            ),
+            ("acme:prod:wf:one", "unknown", 13, 2, None),
+        ];
+        for (key, kind, at, attempt, detail) in entries {
+            conn.execute(
+                "INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) \
+                 VALUES ('acme', ?1, ?2, ?3, ?4, 'w1', ?5)",
+                params![key, kind, at, attempt, detail],
+            )
+            .expect("a version-3 entry");
+        }
+
+        migrate(&conn).expect("the file is brought up to date");
+
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("the version reads");
+        assert_eq!(version, SCHEMA_VERSION);
+        let key = OperationKey::parse("acme:prod:wf:one").expect("a valid key");
+        assert_eq!(
+            read::events(&conn, &key).expect("the trace reads"),
+            vec![
+                Event::new(EventKind::Claimed, 10, 1, "w1"),
+                Event::new(EventKind::Sent, 12, 1, "w1").with_detail("line one\nline \"two\""),
+                Event::new(EventKind::Unknown, 13, 2, "w1"),
+            ]
+        );
+        // Claimed before the flag was kept: still found by the duplicate-intent lookup.
+        let watched: bool = conn
+            .query_row(
+                "SELECT intent_window FROM operations WHERE key = ?1",
+                [key.as_str()],
+                |r| r.get(0),
+            )
+            .expect("the flag reads");
+        assert!(watched);
+        let gone = OperationKey::parse("acme:prod:wf:gone").expect("a valid key");
+        assert_eq!(read::events(&conn, &gone).expect("no trace"), vec![]);
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'events'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("the schema reads");
+        assert_eq!(tables, 0, "the entries table is gone");
+    }
 }

@@ -1,18 +1,21 @@
 //! The writes, each run by the writer thread inside the batch's transaction. They never choose a
 //! state: they persist the one they are given, conditionally. Each may run twice (the writer
-//! starts a batch over when one command fails half way), so they only read their inputs.
+//! starts a batch over when one command fails half way), so they only read their inputs — which
+//! the caller's task prepares (`Claim`, `Update`, encoded trace entries), leaving the writer
+//! thread only the binding and the stepping.
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
     Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row,
 };
-use idemgate_core::store::{Cas, Claimed, Error, RequestUpdate, SweepReport, Transition};
+use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
 use rusqlite::types::Value;
 use rusqlite::{Connection, params, params_from_iter};
 
 use crate::error::Context;
 use crate::read::{self, columns, int, limit};
+use crate::trace;
 
 /// The worker named in the trace of a compaction.
 pub const SWEEPER: &str = "sweeper";
@@ -20,17 +23,33 @@ pub const SWEEPER: &str = "sweeper";
 pub(crate) const CLAIM: &str = concat!(
     "INSERT INTO operations (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
-     ?19, ?20, ?21, ?22, ?23) ON CONFLICT (tenant, key) DO NOTHING"
+    ", trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+     ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) ON CONFLICT (tenant, key) DO NOTHING"
 );
 
-pub(crate) fn claim(
-    conn: &Connection,
-    record: &Record,
-    events: &[Event],
-) -> Result<Claimed, Error> {
-    let what = || format!("claiming {}", record.key);
-    let r = Row::from_record(record);
+/// A claim made ready by the caller's task — the row's values and the trace's first entries —
+/// so that the writer thread, the store's bottleneck, only binds and steps.
+pub(crate) struct Claim {
+    pub(crate) record: Record,
+    row: Row,
+    trace: String,
+}
+
+impl Claim {
+    pub(crate) fn new(record: Record, events: &[Event]) -> Claim {
+        Claim {
+            row: Row::from_record(&record),
+            trace: trace::encode(events),
+            record,
+        }
+    }
+}
+
+/// `None` when the claim inserted its row, else the row that was there first.
+pub(crate) fn claim(conn: &Connection, claim: &Claim) -> Result<Option<Row>, Error> {
+    let key = &claim.record.key;
+    let what = || format!("claiming {key}");
+    let r = &claim.row;
     // The unique constraint decides: no read-then-insert, so two claims can never both win,
     // whichever process or connection they come from.
     let inserted = conn
@@ -60,90 +79,128 @@ pub(crate) fn claim(
             r.updated_at,
             r.expires_at,
             r.purge_at,
+            r.intent_window,
+            claim.trace,
         ])
         .context(what)?;
     if inserted == 1 {
-        append(conn, &record.key, events)?;
-        return Ok(Claimed::Inserted(record.clone()));
+        return Ok(None);
     }
     // Read inside the same transaction: the row that beat us cannot change or vanish between
     // the failed insert and this read.
-    match read::get(conn, &record.key)? {
-        Some(existing) => Ok(Claimed::Existing(existing)),
+    match read::get_row(conn, key)? {
+        Some(existing) => Ok(Some(existing)),
         None => Err(Error::Unavailable(format!(
-            "claiming {}: the insert conflicted but no row was found",
-            record.key
+            "claiming {key}: the insert conflicted but no row was found"
         ))),
     }
 }
 
-pub(crate) fn transition(conn: &Connection, t: &Transition) -> Result<Cas, Error> {
-    let what = || format!("transition of {} to {}", t.key, t.next.status().as_str());
-    // The state columns come from `Row::set_state`, the one place that maps states to columns;
-    // it also clears the columns the next state does not use.
-    let mut state = Row::default();
-    state.set_state(&t.next);
-    let mut sql = String::from(
-        "UPDATE operations SET status = ?, lease_owner = ?, lease_expires_at = ?, dispatch = ?, \
-         job_id = ?, effect_reference = ?, result = ?, error_code = ?, error_message = ?, \
-         fence = ?, updated_at = ?",
-    );
-    let mut values = vec![
-        Value::Text(state.status),
-        text(state.lease_owner),
-        integer(state.lease_expires_at),
-        text(state.dispatch),
-        text(state.job_id),
-        text(state.effect_reference),
-        text(state.result),
-        text(state.error_code),
-        text(state.error_message),
-        Value::Integer(int(t.fence)),
-        Value::Integer(t.now),
-    ];
-    match &t.request {
-        RequestUpdate::Keep => {}
-        RequestUpdate::Clear => sql.push_str(", request = NULL"),
-        RequestUpdate::Set(request) => {
-            sql.push_str(", request = ?");
-            values.push(Value::Text(request.to_string()));
+/// A compare-and-set made ready by the caller's task: its statement and values.
+pub(crate) struct Update {
+    key: OperationKey,
+    status: RecordStatus,
+    sql: String,
+    values: Vec<Value>,
+}
+
+impl Update {
+    pub(crate) fn new(t: &Transition) -> Update {
+        // The state columns come from `Row::set_state`, the one place that maps states to
+        // columns; it also clears the columns the next state does not use.
+        let mut state = Row::default();
+        state.set_state(&t.next);
+        let mut sql = String::from(
+            "UPDATE operations SET status = ?, lease_owner = ?, lease_expires_at = ?, \
+             dispatch = ?, job_id = ?, effect_reference = ?, result = ?, error_code = ?, \
+             error_message = ?, fence = ?, updated_at = ?",
+        );
+        let mut values = vec![
+            Value::Text(state.status),
+            text(state.lease_owner),
+            integer(state.lease_expires_at),
+            text(state.dispatch),
+            text(state.job_id),
+            text(state.effect_reference),
+            text(state.result),
+            text(state.error_code),
+            text(state.error_message),
+            Value::Integer(int(t.fence)),
+            Value::Integer(t.now),
+        ];
+        match &t.request {
+            RequestUpdate::Keep => {}
+            RequestUpdate::Clear => sql.push_str(", request = NULL"),
+            RequestUpdate::Set(request) => {
+                sql.push_str(", request = ?");
+                values.push(Value::Text(request.to_string()));
+            }
+        }
+        if let Some(approver) = &t.approved_by {
+            sql.push_str(", approved_by = ?");
+            values.push(Value::Text(approver.clone()));
+        }
+        if let Some(fingerprint) = &t.fingerprint {
+            sql.push_str(", fingerprint = ?");
+            values.push(Value::Text(fingerprint.as_str().into()));
+        }
+        if !t.events.is_empty() {
+            sql.push_str(", trace = trace || ?");
+            values.push(Value::Text(trace::encode(&t.events)));
+        }
+        // The compare half of compare-and-set: the fencing token and status the executor saw,
+        // and for a takeover a lease that has run out, so that a renewal racing the takeover
+        // wins.
+        sql.push_str(" WHERE tenant = ? AND key = ? AND fence = ? AND status = ?");
+        values.extend([
+            Value::Text(t.key.tenant().into()),
+            Value::Text(t.key.as_str().into()),
+            Value::Integer(int(t.expect.fence)),
+            Value::Text(t.expect.status.as_str().into()),
+        ]);
+        if let Some(by) = t.expect.lease_expired_by {
+            sql.push_str(" AND lease_expires_at <= ?");
+            values.push(Value::Integer(by));
+        }
+        Update {
+            key: t.key.clone(),
+            status: t.next.status(),
+            sql,
+            values,
         }
     }
-    if let Some(approver) = &t.approved_by {
-        sql.push_str(", approved_by = ?");
-        values.push(Value::Text(approver.clone()));
+}
+
+/// A transition's outcome with the row not yet decoded (see `read::get_row`).
+pub(crate) enum Written {
+    Done(Row),
+    Lost(Option<Row>),
+}
+
+impl Written {
+    pub(crate) fn decode(self) -> Result<Cas, Error> {
+        Ok(match self {
+            Written::Done(row) => Cas::Done(read::record(row)?),
+            Written::Lost(row) => Cas::Lost(row.map(read::record).transpose()?),
+        })
     }
-    if let Some(fingerprint) = &t.fingerprint {
-        sql.push_str(", fingerprint = ?");
-        values.push(Value::Text(fingerprint.as_str().into()));
-    }
-    // The compare half of compare-and-set: the fencing token and status the executor saw, and
-    // for a takeover a lease that has run out, so that a renewal racing the takeover wins.
-    sql.push_str(" WHERE tenant = ? AND key = ? AND fence = ? AND status = ?");
-    values.extend([
-        Value::Text(t.key.tenant().into()),
-        Value::Text(t.key.as_str().into()),
-        Value::Integer(int(t.expect.fence)),
-        Value::Text(t.expect.status.as_str().into()),
-    ]);
-    if let Some(by) = t.expect.lease_expired_by {
-        sql.push_str(" AND lease_expires_at <= ?");
-        values.push(Value::Integer(by));
-    }
+}
+
+pub(crate) fn transition(conn: &Connection, t: &Update) -> Result<Written, Error> {
+    let what = || format!("transition of {} to {}", t.key, t.status.as_str());
     // The row as written is read back by primary key after the update rather than with
     // `RETURNING`: SQLite collects returned rows in a temporary table of their own, which
     // measured some 30k instructions per transition against 12k for the second read.
     let changed = conn
-        .prepare_cached(&sql)
+        .prepare_cached(&t.sql)
         .context(what)?
-        .execute(params_from_iter(values))
+        .execute(params_from_iter(&t.values))
         .context(what)?;
     if changed == 0 {
-        return Ok(Cas::Lost(read::get(conn, &t.key)?));
+        return Ok(Written::Lost(read::get_row(conn, &t.key)?));
     }
-    append(conn, &t.key, &t.events)?;
-    match read::get(conn, &t.key)? {
-        Some(written) => Ok(Cas::Done(written)),
+    match read::get_row(conn, &t.key)? {
+        Some(written) => Ok(Written::Done(written)),
         None => Err(Error::Unavailable(format!(
             "{}: the updated row cannot be read back",
             what()
@@ -151,41 +208,16 @@ pub(crate) fn transition(conn: &Connection, t: &Transition) -> Result<Cas, Error
     }
 }
 
-pub(crate) fn append(conn: &Connection, key: &OperationKey, events: &[Event]) -> Result<(), Error> {
-    if events.is_empty() {
+/// Appends encoded entries (`trace::encode`) to the trace of `key`. A key without a record
+/// is accepted and nothing is written: a trace is never read without its record.
+pub(crate) fn append(conn: &Connection, key: &OperationKey, entries: &str) -> Result<(), Error> {
+    if entries.is_empty() {
         return Ok(());
     }
-    let what = || format!("appending events to {key}");
-    // One multi-row insert per transition: a transition appends up to four entries, and one
-    // statement walks the table and its index once instead of once per row.
-    let mut sql =
-        String::from("INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) VALUES ");
-    // The values are bound by reference: the writer thread is the store's bottleneck, and a
-    // copy of every string per entry was a tenth of its allocations.
-    let (tenant, key_text) = (key.tenant(), key.as_str());
-    let attempts: Vec<i64> = events.iter().map(|e| int(e.attempt)).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-    let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(events.len() * 7);
-    for (i, event) in events.iter().enumerate() {
-        sql.push_str(if i == 0 {
-            "(?, ?, ?, ?, ?, ?, ?)"
-        } else {
-            ", (?, ?, ?, ?, ?, ?, ?)"
-        });
-        values.extend([
-            &tenant as &dyn rusqlite::ToSql,
-            &key_text,
-            &kinds[i],
-            &event.at,
-            &attempts[i],
-            &event.worker,
-            &event.detail,
-        ]);
-    }
-    conn.prepare_cached(&sql)
-        .context(what)?
-        .execute(params_from_iter(values))
-        .context(what)?;
+    conn.prepare_cached("UPDATE operations SET trace = trace || ?3 WHERE tenant = ?1 AND key = ?2")
+        .context(|| format!("appending events to {key}"))?
+        .execute(params![key.tenant(), key.as_str(), entries])
+        .context(|| format!("appending events to {key}"))?;
     Ok(())
 }
 
@@ -217,7 +249,7 @@ pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepR
 
     // Purge first, so that a record compacted by this sweep keeps its tombstone at least until
     // the next one: a late arrival gets one sweep interval to meet the tombstone. Tombstones
-    // past their purge time go, and their trace with them.
+    // past their purge time go, and their trace (kept in the row) with them.
     let gone: Vec<(String, String)> = {
         let mut stmt = conn.prepare_cached(PURGEABLE).context(what)?;
         let rows = stmt
@@ -226,10 +258,6 @@ pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepR
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
     for (tenant, key) in gone {
-        conn.prepare_cached("DELETE FROM events WHERE tenant = ?1 AND key = ?2")
-            .context(what)?
-            .execute(params![tenant, key])
-            .context(what)?;
         report.purged += conn
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")
             .context(what)?
@@ -290,13 +318,16 @@ pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepR
             // considered here.
             RecordStatus::Pending | RecordStatus::Unknown | RecordStatus::Tombstone => continue,
         };
+        let attempt = u64::try_from(fence).map_err(|_| corrupt(format!("fence {fence}")))?;
+        let expired = trace::encode(&[Event::new(EventKind::Expired, now, attempt, SWEEPER)]);
         let mut compact = Row::default();
         compact.set_state(&RecordState::Tombstone(digest));
         let changed = conn
             .prepare_cached(
                 "UPDATE operations SET status = ?1, lease_owner = ?2, lease_expires_at = ?3, \
                  dispatch = ?4, job_id = ?5, effect_reference = ?6, result = ?7, \
-                 error_code = ?8, error_message = ?9, request = NULL, updated_at = ?10 \
+                 error_code = ?8, error_message = ?9, request = NULL, updated_at = ?10, \
+                 trace = trace || ?15 \
                  WHERE tenant = ?11 AND key = ?12 AND fence = ?13 AND status = ?14",
             )
             .context(what)?
@@ -315,18 +346,10 @@ pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepR
                 key,
                 fence,
                 status.as_str(),
+                expired,
             ])
             .context(what)?;
-        if changed == 1 {
-            let key = OperationKey::parse(&key).map_err(|e| corrupt(e.to_string()))?;
-            let attempt = u64::try_from(fence).map_err(|_| corrupt(format!("fence {fence}")))?;
-            append(
-                conn,
-                &key,
-                &[Event::new(EventKind::Expired, now, attempt, SWEEPER)],
-            )?;
-            report.compacted += 1;
-        }
+        report.compacted += changed as u64;
     }
     Ok(report)
 }

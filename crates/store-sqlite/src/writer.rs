@@ -88,7 +88,15 @@ where
     }
 
     fn answer(self: Box<Self>, failure: Option<&Error>) {
-        let answer = match (failure, self.result) {
+        let Queued {
+            work,
+            result,
+            reply,
+        } = *self;
+        // The work goes before the caller hears back, so that what it shares with the caller
+        // is the caller's alone again when it wakes.
+        drop(work);
+        let answer = match (failure, result) {
             (Some(failure), _) => Err(failure.clone()),
             (None, Some(result)) => result,
             (None, None) => Err(Error::Unavailable(
@@ -96,7 +104,7 @@ where
             )),
         };
         // The caller may have stopped waiting (its future was dropped); the write stands.
-        let _ = self.reply.send(answer);
+        let _ = reply.send(answer);
     }
 }
 

@@ -53,6 +53,7 @@ pub fn claimed(key_text: &str, owner: &str, now: Millis) -> Record {
         updated_at: now,
         expires_at: now + 86_400_000,
         purge_at: now + 2 * 86_400_000,
+        intent_window: true,
     }
 }
 
