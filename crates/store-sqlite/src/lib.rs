@@ -241,7 +241,7 @@ impl Store for SqliteStore {
             let existing = self
                 .inner
                 .writer
-                .submit(move |conn| write::claim(conn, &work))
+                .submit(move |tx| write::claim(tx, &work))
                 .await?;
             Ok(match existing {
                 Some(existing) => Claimed::Existing(read::record(existing)?),
@@ -257,7 +257,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             self.inner
                 .writer
-                .submit(move |conn| write::transition(conn, &update))
+                .submit(move |tx| write::transition(tx, &update))
                 .await?
                 .decode()
         })
@@ -272,7 +272,7 @@ impl Store for SqliteStore {
         Box::pin(
             self.inner
                 .writer
-                .submit(move |conn| write::append(conn, &key, &entries)),
+                .submit(move |tx| write::append(tx, &key, &entries)),
         )
     }
 
@@ -304,7 +304,7 @@ impl Store for SqliteStore {
         Box::pin(
             self.inner
                 .writer
-                .submit(move |conn| write::sweep(conn, now, limit)),
+                .submit(move |tx| write::sweep(tx, now, limit)),
         )
     }
 }

@@ -6,7 +6,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record, RecordStatus, Row};
 use idemgate_core::store::{Error, Filter};
 use rusqlite::types::Value;
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use rusqlite::{Connection, OptionalExtension, Statement, params, params_from_iter};
 
 use crate::error::Context;
 use crate::trace;
@@ -76,19 +76,31 @@ pub(crate) fn get(conn: &Connection, key: &OperationKey) -> Result<Option<Record
     get_row(conn, key)?.map(record).transpose()
 }
 
+/// Reads one row by key.
+pub(crate) const GET: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM operations WHERE tenant = ?1 AND key = ?2"
+);
+
 /// The row of `key` as stored, not yet decoded: the writer thread reads rows back with this
 /// and leaves the decoding (the request's and the result's JSON among it) to the caller's task.
 pub(crate) fn get_row(conn: &Connection, key: &OperationKey) -> Result<Option<Row>, Error> {
-    let what = || format!("reading {key}");
-    conn.prepare_cached(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM operations WHERE tenant = ?1 AND key = ?2"
-    ))
-    .context(what)?
-    .query_row(params![key.tenant(), key.as_str()], row)
-    .optional()
-    .context(what)
+    let mut statement = conn
+        .prepare_cached(GET)
+        .context(|| format!("reading {key}"))?;
+    row_of(&mut statement, key)
+}
+
+/// `get_row` with the statement `GET` already prepared.
+pub(crate) fn row_of(
+    statement: &mut Statement<'_>,
+    key: &OperationKey,
+) -> Result<Option<Row>, Error> {
+    statement
+        .query_row(params![key.tenant(), key.as_str()], row)
+        .optional()
+        .context(|| format!("reading {key}"))
 }
 
 pub(crate) fn events(conn: &Connection, key: &OperationKey) -> Result<Vec<Event>, Error> {

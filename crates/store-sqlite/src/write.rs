@@ -11,11 +11,12 @@ use idemgate_core::record::{
 };
 use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
 use rusqlite::types::Value;
-use rusqlite::{Connection, params, params_from_iter};
+use rusqlite::{params, params_from_iter};
 
 use crate::error::Context;
 use crate::read::{self, columns, int, limit};
 use crate::trace;
+use crate::writer::Tx;
 
 /// The worker named in the trace of a compaction.
 pub const SWEEPER: &str = "sweeper";
@@ -46,14 +47,14 @@ impl Claim {
 }
 
 /// `None` when the claim inserted its row, else the row that was there first.
-pub(crate) fn claim(conn: &Connection, claim: &Claim) -> Result<Option<Row>, Error> {
+pub(crate) fn claim(tx: &mut Tx<'_>, claim: &Claim) -> Result<Option<Row>, Error> {
     let key = &claim.record.key;
     let what = || format!("claiming {key}");
     let r = &claim.row;
     // The unique constraint decides: no read-then-insert, so two claims can never both win,
     // whichever process or connection they come from.
-    let inserted = conn
-        .prepare_cached(CLAIM)
+    let inserted = tx
+        .statement(CLAIM)
         .context(what)?
         .execute(params![
             r.tenant,
@@ -88,7 +89,7 @@ pub(crate) fn claim(conn: &Connection, claim: &Claim) -> Result<Option<Row>, Err
     }
     // Read inside the same transaction: the row that beat us cannot change or vanish between
     // the failed insert and this read.
-    match read::get_row(conn, key)? {
+    match read::row_of(tx.statement(read::GET).context(what)?, key)? {
         Some(existing) => Ok(Some(existing)),
         None => Err(Error::Unavailable(format!(
             "claiming {key}: the insert conflicted but no row was found"
@@ -186,20 +187,21 @@ impl Written {
     }
 }
 
-pub(crate) fn transition(conn: &Connection, t: &Update) -> Result<Written, Error> {
+pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> {
     let what = || format!("transition of {} to {}", t.key, t.status.as_str());
     // The row as written is read back by primary key after the update rather than with
     // `RETURNING`: SQLite collects returned rows in a temporary table of their own, which
     // measured some 30k instructions per transition against 12k for the second read.
-    let changed = conn
-        .prepare_cached(&t.sql)
+    let changed = tx
+        .statement(&t.sql)
         .context(what)?
         .execute(params_from_iter(&t.values))
         .context(what)?;
+    let written = read::row_of(tx.statement(read::GET).context(what)?, &t.key)?;
     if changed == 0 {
-        return Ok(Written::Lost(read::get_row(conn, &t.key)?));
+        return Ok(Written::Lost(written));
     }
-    match read::get_row(conn, &t.key)? {
+    match written {
         Some(written) => Ok(Written::Done(written)),
         None => Err(Error::Unavailable(format!(
             "{}: the updated row cannot be read back",
@@ -210,11 +212,11 @@ pub(crate) fn transition(conn: &Connection, t: &Update) -> Result<Written, Error
 
 /// Appends encoded entries (`trace::encode`) to the trace of `key`. A key without a record
 /// is accepted and nothing is written: a trace is never read without its record.
-pub(crate) fn append(conn: &Connection, key: &OperationKey, entries: &str) -> Result<(), Error> {
+pub(crate) fn append(tx: &mut Tx<'_>, key: &OperationKey, entries: &str) -> Result<(), Error> {
     if entries.is_empty() {
         return Ok(());
     }
-    conn.prepare_cached("UPDATE operations SET trace = trace || ?3 WHERE tenant = ?1 AND key = ?2")
+    tx.statement("UPDATE operations SET trace = trace || ?3 WHERE tenant = ?1 AND key = ?2")
         .context(|| format!("appending events to {key}"))?
         .execute(params![key.tenant(), key.as_str(), entries])
         .context(|| format!("appending events to {key}"))?;
@@ -243,7 +245,8 @@ struct Due {
 }
 
 /// One retention sweep, by the rule in the `Store` trait's documentation.
-pub(crate) fn sweep(conn: &Connection, now: Millis, max: usize) -> Result<SweepReport, Error> {
+pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepReport, Error> {
+    let conn = tx.conn;
     let mut report = SweepReport::default();
     let what = || format!("sweeping at {now}");
 

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idemgate_core::store::Error;
-use rusqlite::Connection;
+use rusqlite::{CachedStatement, Connection};
 use tokio::sync::oneshot;
 
 use crate::error::{classify, commit_may_have_landed};
@@ -61,7 +61,7 @@ impl Counters {
 trait Command: Send {
     /// Runs the work and keeps its result until the batch commits, replacing the result of an
     /// earlier run of a batch that was rolled back. Returns whether the work succeeded.
-    fn execute(&mut self, conn: &Connection) -> bool;
+    fn execute(&mut self, tx: &mut Tx<'_>) -> bool;
     /// Answers the caller: the work's own result when the batch committed, else `failure`.
     fn answer(self: Box<Self>, failure: Option<&Error>);
 }
@@ -75,12 +75,12 @@ struct Queued<T, W> {
 impl<T, W> Command for Queued<T, W>
 where
     T: Send,
-    W: Fn(&Connection) -> Result<T, Error> + Send,
+    W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send,
 {
-    fn execute(&mut self, conn: &Connection) -> bool {
+    fn execute(&mut self, tx: &mut Tx<'_>) -> bool {
         // A panic in one command is a bug, but it must not take the writer thread, and so every
         // later write, down with it: it becomes this command's error.
-        let result = catch_unwind(AssertUnwindSafe(|| (self.work)(conn)))
+        let result = catch_unwind(AssertUnwindSafe(|| (self.work)(tx)))
             .unwrap_or_else(|_| Err(Error::Unavailable("a SQLite store command panicked".into())));
         let succeeded = result.is_ok();
         self.result = Some(result);
@@ -110,6 +110,40 @@ where
 
 type Batch = Vec<Box<dyn Command>>;
 
+/// What a command runs with: the write connection inside the batch's transaction, and the
+/// statements the batch has taken from the connection's cache so far. A statement goes back to
+/// the cache once per batch rather than once per use: taking one out and putting it back hashes
+/// its text twice and clears its bindings, and the writer thread did that some three times per
+/// operation.
+pub(crate) struct Tx<'c> {
+    pub(crate) conn: &'c Connection,
+    statements: Vec<(String, CachedStatement<'c>)>,
+}
+
+impl<'c> Tx<'c> {
+    fn new(conn: &'c Connection) -> Tx<'c> {
+        Tx {
+            conn,
+            statements: Vec::new(),
+        }
+    }
+
+    /// The prepared statement for `sql`, prepared (or taken from the cache) on first use in
+    /// this batch. A statement is reset after every use, so it is ready again.
+    pub(crate) fn statement(&mut self, sql: &str) -> rusqlite::Result<&mut CachedStatement<'c>> {
+        let found = self.statements.iter().position(|(text, _)| text == sql);
+        let index = match found {
+            Some(index) => index,
+            None => {
+                let statement = self.conn.prepare_cached(sql)?;
+                self.statements.push((sql.to_owned(), statement));
+                self.statements.len() - 1
+            }
+        };
+        Ok(&mut self.statements[index].1)
+    }
+}
+
 /// The handle callers hold: a queue into the writer thread.
 pub(crate) struct Writer {
     queue: Option<mpsc::Sender<Box<dyn Command>>>,
@@ -138,7 +172,7 @@ impl Writer {
     pub(crate) async fn submit<T, W>(&self, work: W) -> Result<T, Error>
     where
         T: Send + 'static,
-        W: Fn(&Connection) -> Result<T, Error> + Send + 'static,
+        W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let command = Box::new(Queued {
@@ -227,7 +261,8 @@ fn commit(conn: &Connection, batch: &mut Batch, counters: &Counters) {
         answer_all(batch, Some(&failure));
         return;
     }
-    if let Err(failure) = execute(conn, batch) {
+    let executed = execute(&mut Tx::new(conn), batch);
+    if let Err(failure) = executed {
         // The transaction is broken (SQLite rolled it back itself, or a savepoint statement
         // failed): nothing in it will commit, so every command fails, even those that had
         // succeeded.
@@ -263,11 +298,12 @@ fn commit(conn: &Connection, batch: &mut Batch, counters: &Counters) {
 
 /// Runs the batch inside the open transaction so that exactly the successful commands' writes
 /// are in it. An `Err` means the transaction is broken and nothing in it may commit.
-fn execute(conn: &Connection, batch: &mut Batch) -> Result<(), Error> {
+fn execute(tx: &mut Tx<'_>, batch: &mut Batch) -> Result<(), Error> {
     let broken = |e: rusqlite::Error| classify("running a write batch", &e);
+    let conn = tx.conn;
     for command in batch.iter_mut() {
         let before = conn.total_changes();
-        if command.execute(conn) {
+        if command.execute(tx) {
             continue;
         }
         if conn.is_autocommit() {
@@ -279,7 +315,7 @@ fn execute(conn: &Connection, batch: &mut Batch) -> Result<(), Error> {
             // command in a savepoint, so that those writes go and the others' stay.
             conn.execute_batch("ROLLBACK; BEGIN IMMEDIATE")
                 .map_err(broken)?;
-            return execute_in_savepoints(conn, batch);
+            return execute_in_savepoints(tx, batch);
         }
     }
     Ok(())
@@ -293,11 +329,12 @@ fn rolled_back() -> Error {
 
 /// Runs each command in its own savepoint, so that one failing command (a malformed row, say)
 /// is undone alone while the others still commit.
-fn execute_in_savepoints(conn: &Connection, batch: &mut Batch) -> Result<(), Error> {
+fn execute_in_savepoints(tx: &mut Tx<'_>, batch: &mut Batch) -> Result<(), Error> {
     let broken = |e: rusqlite::Error| classify("running a write batch", &e);
+    let conn = tx.conn;
     for command in batch.iter_mut() {
         conn.execute_batch("SAVEPOINT command").map_err(broken)?;
-        if command.execute(conn) {
+        if command.execute(tx) {
             conn.execute_batch("RELEASE command").map_err(broken)?;
         } else {
             if conn.is_autocommit() {
@@ -324,9 +361,9 @@ mod tests {
     use idemgate_core::store::Error;
     use rusqlite::Connection;
 
-    use super::{Counters, Writer};
+    use super::{Counters, Tx, Writer};
 
-    type Work = Arc<dyn Fn(&Connection) -> Result<(), Error> + Send + Sync>;
+    type Work = Arc<dyn Fn(&mut Tx<'_>) -> Result<(), Error> + Send + Sync>;
 
     fn writer(dir: &tempfile::TempDir) -> (Writer, Arc<Counters>) {
         let conn = Connection::open(dir.path().join("w.sqlite")).expect("a database");
@@ -376,9 +413,9 @@ mod tests {
             .zip(&runs)
             .map(|(command, runs)| {
                 let runs = Arc::clone(runs);
-                Box::pin(writer.submit(move |conn| {
+                Box::pin(writer.submit(move |tx| {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    command(conn)
+                    command(tx)
                 }))
             })
             .collect();
@@ -413,12 +450,12 @@ mod tests {
         let (answers, runs) = one_batch(
             &writer,
             vec![
-                Arc::new(|conn: &Connection| insert(conn, "a")),
-                Arc::new(|conn: &Connection| {
-                    insert(conn, "b")?;
+                Arc::new(|tx: &mut Tx<'_>| insert(tx.conn, "a")),
+                Arc::new(|tx: &mut Tx<'_>| {
+                    insert(tx.conn, "b")?;
                     Err(Error::Unavailable("failed after its write".into()))
                 }),
-                Arc::new(|conn: &Connection| insert(conn, "c")),
+                Arc::new(|tx: &mut Tx<'_>| insert(tx.conn, "c")),
             ],
         )
         .await;
@@ -446,10 +483,10 @@ mod tests {
         let (answers, runs) = one_batch(
             &writer,
             vec![
-                Arc::new(|conn: &Connection| insert(conn, "a")),
+                Arc::new(|tx: &mut Tx<'_>| insert(tx.conn, "a")),
                 // A failing statement is undone by SQLite itself: nothing of it stays.
-                Arc::new(|conn: &Connection| insert(conn, "a")),
-                Arc::new(|conn: &Connection| insert(conn, "c")),
+                Arc::new(|tx: &mut Tx<'_>| insert(tx.conn, "a")),
+                Arc::new(|tx: &mut Tx<'_>| insert(tx.conn, "c")),
             ],
         )
         .await;
