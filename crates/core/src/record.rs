@@ -329,6 +329,13 @@ pub struct RowError {
     pub what: String,
 }
 
+/// The stored text of a JSON value. The same bytes as `Value`'s `Display`, written by the
+/// serializer straight into the string rather than through the formatter: every claim and
+/// settled transition stores one or two.
+pub fn json_text(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| value.to_string())
+}
+
 impl Row {
     pub fn from_record(r: &Record) -> Row {
         let mut row = Row {
@@ -341,7 +348,7 @@ impl Row {
             status: r.status().as_str().to_string(),
             fence: r.fence as i64,
             actor: r.actor.clone(),
-            request: r.request.as_ref().map(|v| v.to_string()),
+            request: r.request.as_ref().map(json_text),
             approved_by: r.approved_by.clone(),
             created_at: r.created_at,
             updated_at: r.updated_at,
@@ -381,7 +388,7 @@ impl Row {
             RecordState::AwaitingApproval => {}
             RecordState::Applied(receipt) => {
                 self.effect_reference = Some(receipt.reference.clone());
-                self.result = Some(receipt.result.to_string());
+                self.result = Some(json_text(&receipt.result));
             }
             RecordState::FailedPermanent(refusal) => {
                 self.error_code = Some(refusal.code.as_str().into());

@@ -27,12 +27,11 @@ pub(crate) fn encode(events: &[Event]) -> String {
     for event in events {
         text.push_str("{\"kind\":\"");
         text.push_str(event.kind.as_str());
-        // Writing to a `String` cannot fail.
-        let _ = write!(
-            text,
-            "\",\"at\":{},\"attempt\":{},\"worker\":",
-            event.at, event.attempt
-        );
+        text.push_str("\",\"at\":");
+        integer(&mut text, event.at.unsigned_abs(), event.at < 0);
+        text.push_str(",\"attempt\":");
+        integer(&mut text, event.attempt, false);
+        text.push_str(",\"worker\":");
         string(&mut text, &event.worker);
         text.push_str(",\"detail\":");
         match &event.detail {
@@ -42,6 +41,27 @@ pub(crate) fn encode(events: &[Event]) -> String {
         text.push_str("}\n");
     }
     text
+}
+
+/// A decimal integer, without the formatting machinery.
+fn integer(text: &mut String, magnitude: u64, negative: bool) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = magnitude;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if negative {
+        text.push('-');
+    }
+    for &digit in &digits[at..] {
+        text.push(char::from(digit));
+    }
 }
 
 /// `value` as a JSON string, escaped as `serde_json` escapes it: quotes, backslashes and control
@@ -149,9 +169,19 @@ mod tests {
             "new\nline\r\ttab",
             "\u{0}\u{1}\u{8}\u{b}\u{c}\u{1f}\u{7f}",
             "unicode é ✓ 𝄞 / slash",
+            "w-1",
+            "gateway-7f3a",
+        ];
+        let numbers = [
+            (-5, 7),
+            (0, 0),
+            (i64::MIN, u64::MAX),
+            (i64::MAX, 10),
+            (1_764_000_000_123, 1),
         ];
         for (i, text) in awkward.iter().enumerate() {
-            let event = Event::new(EventKind::ALL[i % EventKind::ALL.len()], -5, 7, text)
+            let (at, attempt) = numbers[i % numbers.len()];
+            let event = Event::new(EventKind::ALL[i % EventKind::ALL.len()], at, attempt, text)
                 .with_detail(*text);
             for event in [
                 event.clone(),

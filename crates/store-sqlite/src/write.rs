@@ -7,7 +7,7 @@
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
-    Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row,
+    Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row, json_text,
 };
 use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
 use rusqlite::types::Value;
@@ -134,7 +134,7 @@ impl Update {
             RequestUpdate::Clear => sql.push_str(", request = NULL"),
             RequestUpdate::Set(request) => {
                 sql.push_str(", request = ?");
-                values.push(Value::Text(request.to_string()));
+                values.push(Value::Text(json_text(request)));
             }
         }
         if let Some(approver) = &t.approved_by {
