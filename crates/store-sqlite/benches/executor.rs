@@ -23,7 +23,7 @@ use idemgate_core::effect::{
 };
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::{Event, EventKind, Receipt};
+use idemgate_core::record::{EventKind, Receipt};
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::{Executor, Settings};
 use idemgate_store_sqlite::{Options, SqliteStore};
@@ -84,12 +84,12 @@ const READ: &str = "SELECT tenant, key, tool, tool_version, fingerprint, canonic
     error_code, error_message, actor, request, approved_by, created_at, updated_at, expires_at, \
     purge_at, intent_window FROM operations WHERE tenant = ?1 AND key = ?2";
 
-/// Three trace entries in the store's form (one JSON object per line), as a claim and a
-/// finalise each append.
+/// Three trace entries in the store's form (`[kind, at, attempt, worker, detail]`, one per
+/// line), as a claim and a finalise each append.
 fn entries(kinds: [EventKind; 3], at: i64) -> String {
     kinds
         .into_iter()
-        .map(|kind| serde_json::to_string(&Event::new(kind, at, 1, "bare")).unwrap() + "\n")
+        .map(|kind| serde_json::to_string(&(kind, at, 1, "bare", None::<&str>)).unwrap() + "\n")
         .collect()
 }
 

@@ -10,17 +10,17 @@ DROP INDEX operations_fingerprint;
 CREATE INDEX operations_fingerprint ON operations (tenant, tool, fingerprint, created_at)
     WHERE intent_window;
 
--- 2. The trace moves into the operation's row (see src/trace.rs): one JSON object per entry,
--- each ended by a newline, oldest first, appended with `trace = trace || ?`. The entries table
--- cost two b-tree inserts per entry, a statement journal per append and the AUTOINCREMENT
--- counter: the largest share of every operation's writes. The column comes last, so that
--- reading the others never reads past it. Existing entries are carried over in their order of
--- append; entries whose record is gone (appended after a purge) were never read, and are not.
+-- 2. The trace moves into the operation's row (see src/trace.rs): one JSON array per entry
+-- (`[kind, at, attempt, worker, detail]`), each ended by a newline, oldest first, appended
+-- with `trace = trace || ?`. The entries table cost two b-tree inserts per entry, a statement
+-- journal per append and the AUTOINCREMENT counter: the largest share of every operation's
+-- writes. The column comes last, so that reading the others never reads past it. Existing
+-- entries are carried over in their order of append; entries whose record is gone (appended
+-- after a purge) were never read, and are not.
 ALTER TABLE operations ADD COLUMN trace TEXT NOT NULL DEFAULT '';
 UPDATE operations SET intent_window = 1, trace = coalesce((
     SELECT group_concat(
-        json_object('kind', kind, 'at', at, 'attempt', attempt, 'worker', worker,
-                    'detail', detail) || char(10),
+        json_array(kind, at, attempt, worker, detail) || char(10),
         '' ORDER BY id)
     FROM events
     WHERE events.tenant = operations.tenant AND events.key = operations.key
