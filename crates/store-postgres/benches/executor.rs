@@ -191,6 +191,7 @@ fn pgbench_scripts(dir: &Path) -> (PathBuf, PathBuf) {
             "'{1,1,1}'",
             "'{pgbench,pgbench,pgbench}'",
             "'{NULL,NULL,NULL}'",
+            "false",
         ],
     );
     let finalise = fill(
