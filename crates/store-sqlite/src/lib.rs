@@ -7,12 +7,14 @@
 //! - `schema` — versioned migrations of our own (`migrations/*.sql`, embedded), tracked by
 //!   `PRAGMA user_version`. A file written by a newer idemgate is refused.
 //! - `writer` — **group commit**: one thread of our own owns the only write connection, runs
-//!   every write queued meanwhile in one `BEGIN IMMEDIATE` transaction (each in its own
-//!   savepoint), commits once, and only then answers each caller. The fsync per commit is the
-//!   throughput limit; group commit shares it. [`Stats`] counts commits and commands.
+//!   every write queued meanwhile in one `BEGIN IMMEDIATE` transaction (redone with a savepoint
+//!   per write only when one fails after writing), commits once, and only then answers each
+//!   caller. The fsync per commit is shared by every write in it. [`Stats`] counts commits and
+//!   commands.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), compare-and-set transitions, event
-//!   appends and the retention sweep, each run inside the writer's transaction.
-//! - `trace` — the event trace, kept in the operation's own row as JSON lines.
+//!   appends and the retention sweep, each run inside the writer's transaction; the caller's
+//!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
+//! - `trace` — the event trace, kept in the operation's own row, one JSON array per entry.
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
 //!   in WAL mode reads never wait behind the writer.
 //! - `error` — rusqlite errors classified as `store::Error` (`Unavailable`, `Ambiguous`,
