@@ -362,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn listings_by_status_read_an_index_of_that_status() {
+    fn listings_by_status_read_an_index_in_key_order() {
         use idemgate_core::record::RecordStatus;
         use idemgate_core::store::Filter;
 
@@ -388,13 +388,20 @@ mod tests {
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .expect("the plan reads")
                 .join("\n");
-            // Pending rows are not in the listing index; every other status is, and a listing
-            // of it must not scan the table.
+            // Pending and applied rows are not in the listing index; every other status is, and
+            // a listing of it must not scan the table. Applied rows are read in key order from
+            // the primary key, from the page's first key on.
             let index = match status {
                 RecordStatus::Pending => "USING INDEX operations_recoverable",
+                RecordStatus::Applied => "USING PRIMARY KEY (tenant=? AND key>?)",
                 _ => "USING INDEX operations_list_by_tenant (tenant=? AND status=? AND tool=?",
             };
             assert!(plan.contains(index), "{status:?}: {sql}\n{plan}");
+            // Only the pending rows, the few in flight, are sorted; every other listing reads
+            // its page in order and stops after it.
+            if status != RecordStatus::Pending {
+                assert!(!plan.contains("TEMP B-TREE"), "{status:?}: {sql}\n{plan}");
+            }
         }
     }
 

@@ -126,16 +126,18 @@ pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
     let mut sql = String::from(concat!("SELECT ", columns!(), " FROM operations"));
     let mut clauses = Vec::new();
     let mut values = Vec::new();
-    // The listing index holds every row but the pending ones (see migration 0004): a listing
-    // of another status repeats the index's condition word for word so that SQLite may use it,
-    // and a listing of pending rows reads the recoverer's index, which holds only those.
+    // The listing index holds neither pending nor applied rows (see migration 0004): a listing
+    // of another status repeats the index's condition word for word so that SQLite may use it;
+    // a listing of pending rows reads the recoverer's index, which holds only those; a listing
+    // of applied rows reads the primary key in key order.
     match filter.status {
         Some(RecordStatus::Pending) => {
             sql.push_str(" INDEXED BY operations_recoverable");
             clauses.push("status = 'pending'");
         }
+        Some(RecordStatus::Applied) => clauses.push("status = 'applied'"),
         Some(status) => {
-            clauses.push("status <> 'pending'");
+            clauses.push("status <> 'pending' AND status <> 'applied'");
             clauses.push("status = ?");
             values.push(Value::Text(status.as_str().into()));
         }
