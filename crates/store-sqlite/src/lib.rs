@@ -255,13 +255,14 @@ impl Store for SqliteStore {
     }
 
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
-        let update = write::Update::new(&transition);
+        let update = Arc::new(write::Update::new(&transition));
+        let work = Arc::clone(&update);
         Box::pin(async move {
             self.inner
                 .writer
-                .submit(move |tx| write::transition(tx, &update))
+                .submit(move |tx| write::transition(tx, &work))
                 .await?
-                .decode()
+                .decode(update)
         })
     }
 

@@ -11,7 +11,9 @@ use idemgate_core::record::{
 };
 use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
 use rusqlite::types::Value;
-use rusqlite::{params, params_from_iter};
+use std::sync::Arc;
+
+use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
 use crate::error::Context;
 use crate::read::{self, columns, int, limit};
@@ -97,11 +99,13 @@ pub(crate) fn claim(tx: &mut Tx<'_>, claim: &Claim) -> Result<Option<Row>, Error
     }
 }
 
-/// A compare-and-set made ready by the caller's task: its statement and values.
+/// A compare-and-set made ready by the caller's task: its statement, the state columns it
+/// writes (from which the caller also rebuilds the row as written) and its other values.
 pub(crate) struct Update {
     key: OperationKey,
     status: RecordStatus,
     sql: String,
+    state: Row,
     values: Vec<Value>,
 }
 
@@ -109,26 +113,21 @@ impl Update {
     pub(crate) fn new(t: &Transition) -> Update {
         // The state columns come from `Row::set_state`, the one place that maps states to
         // columns; it also clears the columns the next state does not use.
-        let mut state = Row::default();
+        let mut state = Row {
+            tenant: t.key.tenant().into(),
+            key: t.key.as_str().into(),
+            fence: int(t.fence),
+            updated_at: t.now,
+            ..Row::default()
+        };
         state.set_state(&t.next);
         let mut sql = String::from(
             "UPDATE operations SET status = ?, lease_owner = ?, lease_expires_at = ?, \
              dispatch = ?, job_id = ?, effect_reference = ?, result = ?, error_code = ?, \
              error_message = ?, fence = ?, updated_at = ?",
         );
-        let mut values = vec![
-            Value::Text(state.status),
-            text(state.lease_owner),
-            integer(state.lease_expires_at),
-            text(state.dispatch),
-            text(state.job_id),
-            text(state.effect_reference),
-            text(state.result),
-            text(state.error_code),
-            text(state.error_message),
-            Value::Integer(int(t.fence)),
-            Value::Integer(t.now),
-        ];
+        // Bound after the state columns, which are bound from `state` itself (see `params`).
+        let mut values = Vec::new();
         match &t.request {
             RequestUpdate::Keep => {}
             RequestUpdate::Clear => sql.push_str(", request = NULL"),
@@ -168,41 +167,128 @@ impl Update {
             status: t.next.status(),
             sql,
             values,
+            state,
         }
     }
 }
 
+impl Update {
+    /// The statement's parameters in order: the state columns, then the rest.
+    fn params(&self) -> Vec<&dyn ToSql> {
+        let s = &self.state;
+        let mut params: Vec<&dyn ToSql> = vec![
+            &s.status,
+            &s.lease_owner,
+            &s.lease_expires_at,
+            &s.dispatch,
+            &s.job_id,
+            &s.effect_reference,
+            &s.result,
+            &s.error_code,
+            &s.error_message,
+            &s.fence,
+            &s.updated_at,
+        ];
+        params.extend(self.values.iter().map(|v| v as &dyn ToSql));
+        params
+    }
+}
+
+/// The columns a transition does not set, read back after it: with the update's own state
+/// columns they make the row as written. Reading only these halves what the writer thread
+/// decodes per transition; the request, approver and fingerprint are read even when the update
+/// set them, so that the rebuilt row never depends on which of them it set.
+const UNSET: &str = "SELECT tool, tool_version, fingerprint, canonicalization, actor, request, \
+    approved_by, created_at, expires_at, purge_at, intent_window FROM operations \
+    WHERE tenant = ?1 AND key = ?2";
+
+/// What `UNSET` reads.
+pub(crate) struct Unset {
+    tool: String,
+    tool_version: String,
+    fingerprint: String,
+    canonicalization: i64,
+    actor: String,
+    request: Option<String>,
+    approved_by: Option<String>,
+    created_at: i64,
+    expires_at: i64,
+    purge_at: i64,
+    intent_window: bool,
+}
+
+fn unset(r: &rusqlite::Row<'_>) -> rusqlite::Result<Unset> {
+    Ok(Unset {
+        tool: r.get(0)?,
+        tool_version: r.get(1)?,
+        fingerprint: r.get(2)?,
+        canonicalization: r.get(3)?,
+        actor: r.get(4)?,
+        request: r.get(5)?,
+        approved_by: r.get(6)?,
+        created_at: r.get(7)?,
+        expires_at: r.get(8)?,
+        purge_at: r.get(9)?,
+        intent_window: r.get(10)?,
+    })
+}
+
 /// A transition's outcome with the row not yet decoded (see `read::get_row`).
 pub(crate) enum Written {
-    Done(Row),
-    Lost(Option<Row>),
+    Done(Unset),
+    /// Rare, and so the one boxed: the whole row as found.
+    Lost(Option<Box<Row>>),
 }
 
 impl Written {
-    pub(crate) fn decode(self) -> Result<Cas, Error> {
+    /// The compare-and-set's answer, with the row as written rebuilt from `update` (taken back
+    /// from the writer's command, which has dropped its share by now, so without a copy).
+    pub(crate) fn decode(self, update: Arc<Update>) -> Result<Cas, Error> {
         Ok(match self {
-            Written::Done(row) => Cas::Done(read::record(row)?),
-            Written::Lost(row) => Cas::Lost(row.map(read::record).transpose()?),
+            Written::Done(unset) => {
+                let state = Arc::try_unwrap(update).map_or_else(|u| u.state.clone(), |u| u.state);
+                Cas::Done(read::record(Row {
+                    tool: unset.tool,
+                    tool_version: unset.tool_version,
+                    fingerprint: unset.fingerprint,
+                    canonicalization: unset.canonicalization,
+                    actor: unset.actor,
+                    request: unset.request,
+                    approved_by: unset.approved_by,
+                    created_at: unset.created_at,
+                    expires_at: unset.expires_at,
+                    purge_at: unset.purge_at,
+                    intent_window: unset.intent_window,
+                    ..state
+                })?)
+            }
+            Written::Lost(row) => Cas::Lost(row.map(|row| read::record(*row)).transpose()?),
         })
     }
 }
 
 pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> {
     let what = || format!("transition of {} to {}", t.key, t.status.as_str());
-    // The row as written is read back by primary key after the update rather than with
-    // `RETURNING`: SQLite collects returned rows in a temporary table of their own, which
-    // measured some 30k instructions per transition against 12k for the second read.
     let changed = tx
         .statement(&t.sql)
         .context(what)?
-        .execute(params_from_iter(&t.values))
+        .execute(params_from_iter(t.params()))
         .context(what)?;
-    let written = read::row_of(tx.statement(read::GET).context(what)?, &t.key)?;
     if changed == 0 {
-        return Ok(Written::Lost(written));
+        let found = read::row_of(tx.statement(read::GET).context(what)?, &t.key)?;
+        return Ok(Written::Lost(found.map(Box::new)));
     }
-    match written {
-        Some(written) => Ok(Written::Done(written)),
+    // Read back by primary key rather than with `RETURNING`: SQLite collects returned rows in a
+    // temporary table of their own, which measured some 30k instructions per transition
+    // against 12k for a second read.
+    let unset = tx
+        .statement(UNSET)
+        .context(what)?
+        .query_row(params![t.key.tenant(), t.key.as_str()], unset)
+        .optional()
+        .context(what)?;
+    match unset {
+        Some(unset) => Ok(Written::Done(unset)),
         None => Err(Error::Unavailable(format!(
             "{}: the updated row cannot be read back",
             what()
@@ -355,12 +441,4 @@ pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepRep
         report.compacted += changed as u64;
     }
     Ok(report)
-}
-
-fn text(value: Option<String>) -> Value {
-    value.map_or(Value::Null, Value::Text)
-}
-
-fn integer(value: Option<i64>) -> Value {
-    value.map_or(Value::Null, Value::Integer)
 }
