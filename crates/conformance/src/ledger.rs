@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
 use idemgate_core::key::OperationKey;
@@ -29,8 +29,26 @@ pub struct LedgerDownstream {
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
+    const PATIENCE: Duration = Duration::from_secs(30);
     let conn = Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(30))?;
+    conn.busy_timeout(PATIENCE)?;
+    // Several processes may open a new ledger at the same moment. Switching a new file to WAL
+    // takes an exclusive lock, and SQLite answers "busy" at once, without its busy handler,
+    // when waiting could deadlock — so the set-up is retried here, boundedly.
+    let started = Instant::now();
+    loop {
+        match set_up(&conn) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && started.elapsed() < PATIENCE =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.map(|()| conn),
+        }
+    }
+}
+
+fn set_up(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch(
@@ -41,8 +59,7 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
              at_ms INTEGER NOT NULL
          );
          CREATE INDEX IF NOT EXISTS effects_key ON effects(key);",
-    )?;
-    Ok(conn)
+    )
 }
 
 impl LedgerDownstream {

@@ -136,9 +136,7 @@ impl SqliteStore {
 
         let conn = connect(&path, &options, true).context(what)?;
         // WAL lets readers run beside the writer and makes a commit one sequential append.
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .context(what)?;
+        let mode = wal_mode(&conn, options.busy_timeout).context(what)?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Unavailable(format!(
                 "opening {shown}: SQLite refused WAL mode (journal_mode is {mode})"
@@ -209,6 +207,24 @@ fn connect(path: &Path, options: &Options, create: bool) -> rusqlite::Result<Con
     conn.busy_timeout(options.busy_timeout)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
+}
+
+/// Switches the file to WAL and returns the journal mode it is in. On a new file several
+/// processes may do this at the same moment; the switch takes an exclusive lock, and SQLite
+/// answers "busy" at once (without its busy handler, which could deadlock here) to all but one,
+/// so the switch is retried until `patience` has passed.
+fn wal_mode(conn: &Connection, patience: Duration) -> rusqlite::Result<String> {
+    let started = std::time::Instant::now();
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && started.elapsed() < patience =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn prefix(file: &str, e: Error) -> Error {

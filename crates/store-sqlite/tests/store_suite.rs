@@ -375,6 +375,54 @@ async fn child_claimer() {
     println!("\n{REPORT}{inserted}");
 }
 
+const CHILD_OPEN: &str = "IDEMGATE_SQLITE_CHILD_OPEN";
+
+/// Run as a child by `processes_opening_a_new_file_together_all_open`; does nothing otherwise.
+#[test]
+fn child_opener() {
+    let Some(path) = std::env::var_os(CHILD_OPEN) else {
+        return;
+    };
+    // Panics, and so fails the child, if the store does not open.
+    drop(open(&PathBuf::from(path)));
+}
+
+/// Switching a new file to WAL takes an exclusive lock, and SQLite answers "busy" at once,
+/// without consulting the busy handler, to processes that race for it: two gateways started
+/// together on a new file must both open, not one of them fail.
+#[test]
+fn processes_opening_a_new_file_together_all_open() {
+    const ROUNDS: usize = 20;
+    const CHILDREN: usize = 4;
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("new.db");
+        let children: Vec<_> = (0..CHILDREN)
+            .map(|_| {
+                Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "child_opener",
+                        "--nocapture",
+                        "--test-threads",
+                        "1",
+                    ])
+                    .env(CHILD_OPEN, &path)
+                    .output_spawn()
+            })
+            .collect();
+        for child in children {
+            let output = child.wait_with_output().expect("the child runs");
+            assert!(
+                output.status.success(),
+                "round {round}: a process failed to open a new file: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
 #[test]
 fn processes_on_one_file_insert_each_key_once() {
     const CHILDREN: usize = 3;
