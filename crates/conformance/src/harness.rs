@@ -5,11 +5,14 @@ use std::sync::{Arc, Mutex};
 
 use idemgate_core::clock::{Clock, ManualClock};
 use idemgate_core::contract::Contract;
-use idemgate_core::effect::{AuthRequest, Authorization, Authorizer};
+use idemgate_core::effect::{
+    AuthRequest, Authorization, Authorizer, Downstream, EffectOutcome, EffectRequest, JobStatus,
+    Lookup,
+};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{Outcome, Status};
-use idemgate_core::record::{EventKind, Record};
+use idemgate_core::record::{EventKind, Receipt, Record};
 use idemgate_core::store::{BoxFuture, Store};
 use idemgate_engine::{Caller, Executor, Observer, Operation, Settings};
 use serde_json::{Value, json};
@@ -361,6 +364,26 @@ impl Harness {
             .into_iter()
             .map(|e| e.kind)
             .collect()
+    }
+}
+
+/// An effect that costs nothing and always commits, with the step id as its reference: what
+/// the benchmarks and probes run, so that they measure the executor and the store alone.
+pub struct Noop;
+
+impl Downstream for Noop {
+    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
+        let receipt = Receipt {
+            reference: request.key.step_id().to_string(),
+            result: json!({"ok": true}),
+        };
+        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
+    }
+    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        Box::pin(std::future::ready(Lookup::NotFound))
+    }
+    fn poll_job<'a>(&'a self, _key: &'a OperationKey, _job: &'a str) -> BoxFuture<'a, JobStatus> {
+        Box::pin(std::future::ready(JobStatus::Running))
     }
 }
 

@@ -37,39 +37,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idemgate_conformance::faulty::FaultyStore;
-use idemgate_conformance::harness::{Spec, op, ticket};
+use idemgate_conformance::harness::{Noop, Spec, op, ticket};
 use idemgate_core::Contract;
 use idemgate_core::clock::SystemClock;
-use idemgate_core::effect::{
-    AllowAll, Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup,
-};
-use idemgate_core::key::OperationKey;
+use idemgate_core::effect::AllowAll;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::Receipt;
-use idemgate_core::store::{BoxFuture, Store};
+use idemgate_core::store::Store;
 use idemgate_engine::{Executor, Settings};
 use idemgate_store_postgres::testing::statements;
 use idemgate_store_postgres::{Options, PgStore};
-use serde_json::json;
-
-/// An effect that costs nothing, so the benchmark measures the executor and the store.
-struct Noop;
-
-impl Downstream for Noop {
-    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
-        let receipt = Receipt {
-            reference: request.key.step_id().to_string(),
-            result: json!({"ok": true}),
-        };
-        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
-    }
-    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
-        Box::pin(std::future::ready(Lookup::NotFound))
-    }
-    fn poll_job<'a>(&'a self, _key: &'a OperationKey, _job: &'a str) -> BoxFuture<'a, JobStatus> {
-        Box::pin(std::future::ready(JobStatus::Running))
-    }
-}
 
 struct Args {
     url: String,

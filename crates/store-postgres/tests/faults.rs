@@ -12,14 +12,6 @@ use idemgate_store_postgres::{Options, PgStore};
 
 const T0: i64 = 1_700_000_000_000;
 
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 /// Ends every connection the store holds, as a database restart or a failover would.
 async fn terminate_store_connections(admin: &tokio_postgres::Client) -> i64 {
     let rows = admin

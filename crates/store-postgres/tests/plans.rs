@@ -4,15 +4,9 @@
 
 mod common;
 
-use idemgate_store_postgres::testing::statements;
+use common::admin;
 
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
+use idemgate_store_postgres::testing::statements;
 
 /// The generic plan of `sql` (with `params` parameters) on a connection set up like the
 /// store's.

@@ -14,14 +14,6 @@ use serde_json::json;
 
 const T0: i64 = 1_700_000_000_000;
 
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 /// Inserts `record` through a plain connection, as another process's claim would.
 async fn insert_raw(client: &impl tokio_postgres::GenericClient, record: &idemgate_core::Record) {
     let r = idemgate_core::record::Row::from_record(record);

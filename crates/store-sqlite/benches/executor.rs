@@ -16,40 +16,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idemgate_conformance::harness::{Spec, op, ticket};
+use idemgate_conformance::harness::{Noop, Spec, op, ticket};
 use idemgate_core::clock::SystemClock;
-use idemgate_core::effect::{
-    AllowAll, Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup,
-};
-use idemgate_core::key::OperationKey;
+use idemgate_core::effect::AllowAll;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::{EventKind, Receipt};
-use idemgate_core::store::BoxFuture;
+use idemgate_core::record::EventKind;
 use idemgate_engine::{Executor, Settings};
 use idemgate_store_sqlite::{Options, SqliteStore};
 use rusqlite::{Connection, params};
-use serde_json::json;
 
 const CALLERS: [usize; 2] = [1, 64];
-
-/// An effect that costs nothing, so the benchmark measures the executor and the store.
-struct Noop;
-
-impl Downstream for Noop {
-    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
-        let receipt = Receipt {
-            reference: request.key.step_id().to_string(),
-            result: json!({"ok": true}),
-        };
-        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
-    }
-    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
-        Box::pin(std::future::ready(Lookup::NotFound))
-    }
-    fn poll_job<'a>(&'a self, _key: &'a OperationKey, _job: &'a str) -> BoxFuture<'a, JobStatus> {
-        Box::pin(std::future::ready(JobStatus::Running))
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

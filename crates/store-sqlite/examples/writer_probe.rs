@@ -17,37 +17,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use idemgate_conformance::harness::{Spec, op, ticket};
+use idemgate_conformance::harness::{Noop, Spec, op, ticket};
 use idemgate_core::clock::SystemClock;
-use idemgate_core::effect::{
-    AllowAll, Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup,
-};
-use idemgate_core::key::OperationKey;
+use idemgate_core::effect::AllowAll;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::Receipt;
-use idemgate_core::store::BoxFuture;
 use idemgate_engine::{Executor, Settings};
 use idemgate_store_sqlite::{Options, SqliteStore};
-use serde_json::json;
-
-/// An effect that costs nothing.
-struct Noop;
-
-impl Downstream for Noop {
-    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
-        let receipt = Receipt {
-            reference: request.key.step_id().to_string(),
-            result: json!({"ok": true}),
-        };
-        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
-    }
-    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
-        Box::pin(std::future::ready(Lookup::NotFound))
-    }
-    fn poll_job<'a>(&'a self, _key: &'a OperationKey, _job: &'a str) -> BoxFuture<'a, JobStatus> {
-        Box::pin(std::future::ready(JobStatus::Running))
-    }
-}
 
 /// User and system CPU seconds per thread name, summed over threads of one name.
 fn cpu_by_thread() -> BTreeMap<String, (f64, f64)> {

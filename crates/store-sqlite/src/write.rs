@@ -103,7 +103,6 @@ pub(crate) fn claim(tx: &mut Tx<'_>, claim: &Claim) -> Result<Option<Row>, Error
 /// writes (from which the caller also rebuilds the row as written) and its other values.
 pub(crate) struct Update {
     key: OperationKey,
-    status: RecordStatus,
     sql: String,
     state: Row,
     values: Vec<Value>,
@@ -164,7 +163,6 @@ impl Update {
         }
         Update {
             key: t.key.clone(),
-            status: t.next.status(),
             sql,
             values,
             state,
@@ -268,7 +266,7 @@ impl Written {
 }
 
 pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> {
-    let what = || format!("transition of {} to {}", t.key, t.status.as_str());
+    let what = || format!("transition of {} to {}", t.key, t.state.status);
     let changed = tx
         .statement(&t.sql)
         .context(what)?

@@ -25,6 +25,16 @@ macro_rules! database {
     };
 }
 
+/// A plain connection of the test's own, beside the store's: to hold locks, kill sessions and
+/// count rows.
+pub async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
 pub const LEASE: Millis = 30_000;
 
 pub fn key(text: &str) -> OperationKey {
