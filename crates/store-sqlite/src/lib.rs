@@ -247,7 +247,15 @@ impl std::fmt::Debug for SqliteStore {
 
 impl Store for SqliteStore {
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        Box::pin(async move { self.read(|conn| read::get(conn, key)) })
+        Box::pin(async move {
+            // While callers come one at a time, the writer's connection is free and its page
+            // cache is current (nothing else wrote since), where a reader's was discarded by the
+            // last write: the lookup reads no page from the file.
+            if let Some(conn) = self.inner.writer.idle_connection() {
+                return read::get(&conn, key);
+            }
+            self.read(|conn| read::get(conn, key))
+        })
     }
 
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {

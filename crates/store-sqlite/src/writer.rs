@@ -5,8 +5,9 @@
 //! some 6–7k claims/s with one transaction per claim, over 200k/s with 64 per transaction).
 //! So one thread of our own owns the only write connection and shares each fsync among every
 //! write that arrived while the previous one was running: it blocks for the first command,
-//! drains whatever else is queued (up to `max_batch`), runs them all in one `BEGIN IMMEDIATE`
-//! transaction, commits once, and only then answers every caller. A caller therefore hears back
+//! opens a `BEGIN IMMEDIATE` transaction and runs it, runs in the same transaction whatever
+//! else is queued or arrives while the wave of concurrent callers lasts (up to `max_batch`),
+//! commits once, and only then answers every caller. A caller therefore hears back
 //! only once its own write is durable, and a busy store batches more the busier it gets.
 //!
 //! Each command must be all or nothing even though it shares a transaction: a command that
@@ -19,9 +20,9 @@
 //! twice: it holds its inputs and only reads them.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -108,8 +109,6 @@ where
     }
 }
 
-type Batch = Vec<Box<dyn Command>>;
-
 /// What a command runs with: the write connection inside the batch's transaction, and the
 /// statements the batch has taken from the connection's cache so far. A statement goes back to
 /// the cache once per batch rather than once per use: taking one out and putting it back hashes
@@ -148,6 +147,20 @@ impl<'c> Tx<'c> {
 pub(crate) struct Writer {
     queue: Option<mpsc::Sender<Box<dyn Command>>>,
     thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+/// What the writer thread shares with callers.
+struct Shared {
+    /// The write connection: the writer thread holds it for a batch, a lone caller may hold it
+    /// for its own write (see [`Writer::submit`]).
+    conn: Mutex<Connection>,
+    /// How many commands the last batch held: 1 while callers come one at a time.
+    wave: AtomicUsize,
+    /// Commands handed to the writer thread and not yet answered.
+    queued: AtomicUsize,
+    counters: Arc<Counters>,
+    max_batch: usize,
 }
 
 impl Writer {
@@ -156,14 +169,23 @@ impl Writer {
         max_batch: usize,
         counters: Arc<Counters>,
     ) -> Result<Writer, Error> {
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(conn),
+            wave: AtomicUsize::new(1),
+            queued: AtomicUsize::new(0),
+            counters,
+            max_batch: max_batch.max(1),
+        });
         let (queue, commands) = mpsc::channel();
+        let writing = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idemgate-sqlite-writer".into())
-            .spawn(move || run(conn, commands, max_batch.max(1), &counters))
+            .spawn(move || run(&writing, commands))
             .map_err(|e| Error::Unavailable(format!("starting the SQLite writer thread: {e}")))?;
         Ok(Writer {
             queue: Some(queue),
             thread: Some(thread),
+            shared,
         })
     }
 
@@ -174,7 +196,7 @@ impl Writer {
         T: Send + 'static,
         W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         let command = Box::new(Queued {
             work,
             result: None,
@@ -184,15 +206,61 @@ impl Writer {
             .queue
             .as_ref()
             .ok_or_else(|| Error::Unavailable("the SQLite store is closing".into()))?;
-        queue
-            .send(command)
-            .map_err(|_| Error::Unavailable("the SQLite writer thread has stopped".into()))?;
+        // A caller alone commits its own write on its own thread: there is nobody to share the
+        // fsync with, and handing the write to the writer thread and the answer back costs two
+        // thread wake-ups, a fifth of a lone operation. Only where the runtime lets a task
+        // block (`block_in_place`).
+        if may_block()
+            && let Some(conn) = self.shared.alone()
+        {
+            tokio::task::block_in_place(|| {
+                let mut batch = Open::begin(&conn, 1);
+                batch.add(command);
+                batch.finish(&self.shared.counters);
+            });
+            drop(conn);
+            return answer.try_recv().map_err(|_| {
+                Error::Ambiguous("a SQLite store command was dropped unanswered".into())
+            })?;
+        }
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        if queue.send(command).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::Unavailable(
+                "the SQLite writer thread has stopped".into(),
+            ));
+        }
         // A command is only dropped unanswered if the writer thread died mid-batch, before or
         // after its commit: the caller cannot know which.
         answer.await.map_err(|_| {
             Error::Ambiguous("the SQLite writer thread stopped before answering".into())
         })?
     }
+
+    /// The write connection, when callers come one at a time and nothing is being written.
+    /// For point reads only: while it is held, writes wait.
+    pub(crate) fn idle_connection(&self) -> Option<MutexGuard<'_, Connection>> {
+        self.shared.alone()
+    }
+}
+
+impl Shared {
+    /// The write connection, when the caller asking is alone: the last batch held one command,
+    /// the writer thread has nothing queued or running (so nobody waiting is overtaken), and
+    /// no other caller holds the connection.
+    fn alone(&self) -> Option<MutexGuard<'_, Connection>> {
+        if self.wave.load(Ordering::Relaxed) != 1 || self.queued.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.conn.try_lock().ok()
+    }
+}
+
+/// Whether this task may block its thread: on a multi-threaded tokio runtime, through
+/// `block_in_place`, which first moves the thread's other tasks elsewhere.
+fn may_block() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 impl Drop for Writer {
@@ -207,43 +275,50 @@ impl Drop for Writer {
     }
 }
 
-fn run(
-    conn: Connection,
-    commands: mpsc::Receiver<Box<dyn Command>>,
-    max_batch: usize,
-    counters: &Counters,
-) {
-    let mut batch: Batch = Vec::with_capacity(max_batch);
-    // How many commands the previous batch held: the size of the wave of concurrent callers.
-    let mut wave = 1;
+fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
+    let max_batch = shared.max_batch;
     // Blocks until someone writes; ends when every handle has been dropped.
     while let Ok(first) = commands.recv() {
-        batch.push(first);
-        while batch.len() < max_batch {
+        let deadline = Instant::now() + LINGER;
+        let conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        // How many commands the previous batch held: the size of the wave of concurrent
+        // callers.
+        let wave = shared.wave.load(Ordering::Relaxed);
+        let mut batch = Open::begin(&conn, max_batch);
+        batch.add(first);
+        // Each command runs as soon as it is taken, so the writer works while the rest of the
+        // batch is still arriving rather than waiting for it and then working.
+        while batch.len() < max_batch && !batch.is_broken() {
             match commands.try_recv() {
-                Ok(command) => batch.push(command),
+                Ok(command) => {
+                    batch.add(command);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => break,
+            }
+            // Concurrent callers arrive in waves (all claim, all wait for the commit, all
+            // finalise). While this batch is smaller than the last one, the rest of the wave
+            // is usually a few microseconds away, and the fsync about to be paid costs far
+            // more: wait for it, briefly and boundedly. A lone caller (a wave of one) never
+            // waits.
+            if batch.len() >= wave {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match commands.recv_timeout(left) {
+                Ok(command) => batch.add(command),
                 Err(_) => break,
             }
         }
-        // Concurrent callers arrive in waves (all claim, all wait for the commit, all
-        // finalise). When the last batch was larger than this one has grown so far, the rest of
-        // the wave is usually a few microseconds away, and the fsync about to be paid costs far
-        // more: wait for it, briefly and boundedly. A lone caller (a wave of one) never waits.
-        if batch.len() < wave.min(max_batch) {
-            let deadline = Instant::now() + LINGER;
-            while batch.len() < wave.min(max_batch) {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match commands.recv_timeout(left) {
-                    Ok(command) => batch.push(command),
-                    Err(_) => break,
-                }
-            }
-        }
-        wave = batch.len();
-        commit(&conn, &mut batch, counters);
+        let taken = batch.len();
+        shared.wave.store(taken, Ordering::Relaxed);
+        batch.finish(&shared.counters);
+        shared.queued.fetch_sub(taken, Ordering::Relaxed);
     }
     // Closing: refresh the planner's statistics where they are stale, as SQLite recommends
     // before a long-lived connection closes. A failure only leaves older statistics.
+    let conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
     let _ = conn.execute_batch("PRAGMA optimize");
 }
 
@@ -251,60 +326,63 @@ fn run(
 /// fsync, so the wait can only be repaid by sharing that fsync.
 const LINGER: Duration = Duration::from_micros(250);
 
-/// Runs one batch in one transaction and answers every command in it.
-fn commit(conn: &Connection, batch: &mut Batch, counters: &Counters) {
-    // IMMEDIATE takes the write lock up front. Another process holding it makes us wait here,
-    // under busy_timeout, rather than fail half way through the batch with an SQLITE_BUSY that
-    // a deferred transaction could not recover from.
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let failure = classify("starting a write transaction", &e);
-        answer_all(batch, Some(&failure));
-        return;
-    }
-    let executed = execute(&mut Tx::new(conn), batch);
-    if let Err(failure) = executed {
-        // The transaction is broken (SQLite rolled it back itself, or a savepoint statement
-        // failed): nothing in it will commit, so every command fails, even those that had
-        // succeeded.
-        if !conn.is_autocommit() {
-            let _ = conn.execute_batch("ROLLBACK");
-        }
-        answer_all(batch, Some(&failure));
-        return;
-    }
-    match conn.execute_batch("COMMIT") {
-        Ok(()) => {
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            counters
-                .commands
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            answer_all(batch, None);
-        }
-        Err(e) => {
-            let failure = if commit_may_have_landed(&e) {
-                Error::Ambiguous(format!("committing a write transaction: {e}"))
-            } else if conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok() {
-                // SQLite rolled the transaction back, or we did: nothing was written.
-                Error::Unavailable(format!("committing a write transaction: {e}"))
-            } else {
-                Error::Ambiguous(format!(
-                    "committing a write transaction failed and could not be rolled back: {e}"
-                ))
-            };
-            answer_all(batch, Some(&failure));
-        }
-    }
+/// One write transaction, filled with commands as they arrive and committed once.
+struct Open<'c> {
+    tx: Tx<'c>,
+    commands: Vec<Box<dyn Command>>,
+    /// Each command runs in a savepoint of its own: set once a command failed after writing.
+    savepoints: bool,
+    /// Why the transaction cannot commit, once it cannot: every command then fails.
+    broken: Option<Error>,
 }
 
-/// Runs the batch inside the open transaction so that exactly the successful commands' writes
-/// are in it. An `Err` means the transaction is broken and nothing in it may commit.
-fn execute(tx: &mut Tx<'_>, batch: &mut Batch) -> Result<(), Error> {
-    let broken = |e: rusqlite::Error| classify("running a write batch", &e);
-    let conn = tx.conn;
-    for command in batch.iter_mut() {
+impl<'c> Open<'c> {
+    fn begin(conn: &'c Connection, max_batch: usize) -> Open<'c> {
+        // IMMEDIATE takes the write lock up front. Another process holding it makes us wait
+        // here, under busy_timeout, rather than fail half way through the batch with an
+        // SQLITE_BUSY that a deferred transaction could not recover from.
+        let broken = conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .err()
+            .map(|e| classify("starting a write transaction", &e));
+        Open {
+            tx: Tx::new(conn),
+            commands: Vec::with_capacity(max_batch),
+            savepoints: false,
+            broken,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// Runs `command` inside the transaction, so that exactly the successful commands' writes
+    /// are in it; a command added to a broken transaction does not run.
+    fn add(&mut self, command: Box<dyn Command>) {
+        self.commands.push(command);
+        if self.broken.is_none()
+            && let Err(failure) = self.run_last()
+        {
+            self.broken = Some(failure);
+        }
+    }
+
+    fn run_last(&mut self) -> Result<(), Error> {
+        let conn = self.tx.conn;
+        let Some(command) = self.commands.last_mut() else {
+            return Ok(());
+        };
+        if self.savepoints {
+            return in_savepoint(&mut self.tx, command.as_mut());
+        }
         let before = conn.total_changes();
-        if command.execute(tx) {
-            continue;
+        if command.execute(&mut self.tx) {
+            return Ok(());
         }
         if conn.is_autocommit() {
             return Err(rolled_back());
@@ -314,11 +392,51 @@ fn execute(tx: &mut Tx<'_>, batch: &mut Batch) -> Result<(), Error> {
             // undone by SQLite itself; the ones before it are not). Start over, with each
             // command in a savepoint, so that those writes go and the others' stay.
             conn.execute_batch("ROLLBACK; BEGIN IMMEDIATE")
-                .map_err(broken)?;
-            return execute_in_savepoints(tx, batch);
+                .map_err(|e| classify("running a write batch", &e))?;
+            self.savepoints = true;
+            for command in &mut self.commands {
+                in_savepoint(&mut self.tx, command.as_mut())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits, or rolls back a broken transaction, and answers every command.
+    fn finish(mut self, counters: &Counters) {
+        let conn = self.tx.conn;
+        if let Some(failure) = self.broken.take() {
+            // Nothing in a broken transaction will commit (SQLite rolled it back itself, or a
+            // savepoint statement failed), so every command fails, even those that had
+            // succeeded.
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            answer_all(&mut self.commands, Some(&failure));
+            return;
+        }
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                counters.commits.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .commands
+                    .fetch_add(self.commands.len() as u64, Ordering::Relaxed);
+                answer_all(&mut self.commands, None);
+            }
+            Err(e) => {
+                let failure = if commit_may_have_landed(&e) {
+                    Error::Ambiguous(format!("committing a write transaction: {e}"))
+                } else if conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok() {
+                    // SQLite rolled the transaction back, or we did: nothing was written.
+                    Error::Unavailable(format!("committing a write transaction: {e}"))
+                } else {
+                    Error::Ambiguous(format!(
+                        "committing a write transaction failed and could not be rolled back: {e}"
+                    ))
+                };
+                answer_all(&mut self.commands, Some(&failure));
+            }
         }
     }
-    Ok(())
 }
 
 fn rolled_back() -> Error {
@@ -327,27 +445,25 @@ fn rolled_back() -> Error {
     Error::Unavailable("SQLite rolled back the write transaction after a failed command".into())
 }
 
-/// Runs each command in its own savepoint, so that one failing command (a malformed row, say)
-/// is undone alone while the others still commit.
-fn execute_in_savepoints(tx: &mut Tx<'_>, batch: &mut Batch) -> Result<(), Error> {
+/// Runs one command in its own savepoint, so that a failing command (a malformed row, say) is
+/// undone alone while the others still commit. An `Err` means the transaction is broken.
+fn in_savepoint(tx: &mut Tx<'_>, command: &mut dyn Command) -> Result<(), Error> {
     let broken = |e: rusqlite::Error| classify("running a write batch", &e);
     let conn = tx.conn;
-    for command in batch.iter_mut() {
-        conn.execute_batch("SAVEPOINT command").map_err(broken)?;
-        if command.execute(tx) {
-            conn.execute_batch("RELEASE command").map_err(broken)?;
-        } else {
-            if conn.is_autocommit() {
-                return Err(rolled_back());
-            }
-            conn.execute_batch("ROLLBACK TO command; RELEASE command")
-                .map_err(broken)?;
+    conn.execute_batch("SAVEPOINT command").map_err(broken)?;
+    if command.execute(tx) {
+        conn.execute_batch("RELEASE command").map_err(broken)?;
+    } else {
+        if conn.is_autocommit() {
+            return Err(rolled_back());
         }
+        conn.execute_batch("ROLLBACK TO command; RELEASE command")
+            .map_err(broken)?;
     }
     Ok(())
 }
 
-fn answer_all(batch: &mut Batch, failure: Option<&Error>) {
+fn answer_all(batch: &mut Vec<Box<dyn Command>>, failure: Option<&Error>) {
     for command in batch.drain(..) {
         command.answer(failure);
     }
@@ -389,9 +505,9 @@ mod tests {
             .map_err(|e| Error::Unavailable(e.to_string()))
     }
 
-    /// Runs `commands` in one batch: a first command holds the writer, alone in its own batch,
-    /// until all of them are queued behind it. Returns each command's answer and how often
-    /// each ran.
+    /// Runs `commands` in one batch: a first command holds the writer, inside the batch's
+    /// transaction, until all of them are queued behind it; they join its batch. Returns each
+    /// command's answer and how often each ran.
     async fn one_batch(
         writer: &Writer,
         commands: Vec<Work>,
@@ -401,7 +517,7 @@ mod tests {
         let hold = std::sync::Mutex::new(hold);
         let mut holding = Box::pin(writer.submit(move |_| {
             let _ = started.send(());
-            // Returns at once once `release` is gone, should this ever run again.
+            // Returns at once once `release` is gone, when a redo runs it again.
             let _ = hold.lock().unwrap().recv();
             Ok(())
         }));
@@ -471,9 +587,73 @@ mod tests {
         assert_eq!(runs, vec![2, 2, 1]);
         assert_eq!(names(&dir), vec!["a", "c"]);
         drop(writer);
-        // The holding command's batch and the redone batch: two commits, four commands.
+        // The holding command and the three behind it: one commit, four commands.
         let stats = counters.snapshot();
-        assert_eq!((stats.commits, stats.commands), (2, 4));
+        assert_eq!((stats.commits, stats.commands), (1, 4));
+    }
+
+    /// The name of the thread a write ran on, with the write itself.
+    async fn written_on(writer: &Writer, name: &'static str) -> Option<String> {
+        writer
+            .submit(move |tx| {
+                insert(tx.conn, name)?;
+                Ok(std::thread::current().name().map(str::to_owned))
+            })
+            .await
+            .expect("the write commits")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_caller_commits_on_its_own_thread_and_a_wave_on_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, counters) = writer(&dir);
+        let writer_thread = Some("idemgate-sqlite-writer".to_owned());
+        // Callers one at a time: no hand-off.
+        assert_ne!(written_on(&writer, "a").await, writer_thread);
+        assert_ne!(written_on(&writer, "b").await, writer_thread);
+        // After a batch of several commands, the next write goes to the writer thread, where
+        // the rest of a wave would join it; that batch held one command, so the one after is
+        // the caller's own again.
+        writer.shared.wave.store(2, Ordering::Relaxed);
+        assert_eq!(written_on(&writer, "c").await, writer_thread);
+        assert_ne!(written_on(&writer, "d").await, writer_thread);
+        assert_eq!(names(&dir), vec!["a", "b", "c", "d"]);
+        let stats = counters.snapshot();
+        assert_eq!((stats.commits, stats.commands), (4, 4));
+    }
+
+    #[test]
+    fn a_caller_is_alone_only_when_nobody_writes_or_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, _) = writer(&dir);
+        let shared = &writer.shared;
+        assert!(shared.alone().is_some());
+        // The last batch held several commands: a wave may still be arriving.
+        shared.wave.store(2, Ordering::Relaxed);
+        assert!(shared.alone().is_none());
+        shared.wave.store(1, Ordering::Relaxed);
+        // A command waits for the writer thread: it is not overtaken.
+        shared.queued.store(1, Ordering::Relaxed);
+        assert!(shared.alone().is_none());
+        shared.queued.store(0, Ordering::Relaxed);
+        // Somebody else holds the connection.
+        let held = shared.alone().expect("the connection is free");
+        assert!(shared.alone().is_none());
+        drop(held);
+        assert!(shared.alone().is_some());
+    }
+
+    #[tokio::test]
+    async fn on_a_single_threaded_runtime_every_write_goes_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, _) = writer(&dir);
+        // Blocking the only thread of the runtime on an fsync would stall every other task.
+        for name in ["a", "b"] {
+            assert_eq!(
+                written_on(&writer, name).await.as_deref(),
+                Some("idemgate-sqlite-writer")
+            );
+        }
     }
 
     #[tokio::test]
