@@ -1066,14 +1066,17 @@ impl Executor {
         let call = effect.perform(request);
         tokio::pin!(call);
         let every = Duration::from_millis((contract.lease.millis() / 3).max(500) as u64);
-        let mut current = record.clone();
+        // The record as last renewed; copied only once a renewal happens, which most calls
+        // finish before.
+        let mut renewed: Option<Record> = None;
         loop {
             tokio::select! {
                 answer = &mut call => return answer,
                 _ = tokio::time::sleep(every) => {
+                    let current = renewed.as_ref().unwrap_or(record);
                     let RecordState::Pending { dispatch, .. } = &current.state else { continue };
                     let t = self.transition(
-                        &current,
+                        current,
                         RecordState::Pending {
                             lease: self.lease(contract, self.now()),
                             dispatch: dispatch.clone(),
@@ -1083,7 +1086,7 @@ impl Executor {
                         Vec::new(),
                     );
                     match self.store.transition(t).await {
-                        Ok(Cas::Done(r)) => current = r,
+                        Ok(Cas::Done(r)) => renewed = Some(r),
                         // Lost: taken over. The call cannot be recalled once sent; let it
                         // finish, and the fenced completion will not overwrite the new owner.
                         Ok(Cas::Lost(_)) | Err(_) => {

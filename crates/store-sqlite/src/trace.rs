@@ -62,9 +62,8 @@ fn integer(text: &mut String, magnitude: u64, negative: bool) {
     if negative {
         text.push('-');
     }
-    for &digit in &digits[at..] {
-        text.push(char::from(digit));
-    }
+    // Only ASCII digits were written.
+    text.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// `value` as a JSON string, escaped as `serde_json` escapes it: quotes, backslashes and control

@@ -213,12 +213,13 @@ impl Writer {
         if may_block()
             && let Some(conn) = self.shared.alone()
         {
-            tokio::task::block_in_place(|| {
+            let finished = tokio::task::block_in_place(|| {
                 let mut batch = Open::begin(&conn, 1);
                 batch.add(command);
-                batch.finish(&self.shared.counters);
+                batch.finish(&self.shared.counters)
             });
             drop(conn);
+            finished.answer();
             return answer.try_recv().map_err(|_| {
                 Error::Ambiguous("a SQLite store command was dropped unanswered".into())
             })?;
@@ -313,8 +314,10 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         }
         let taken = batch.len();
         shared.wave.store(taken, Ordering::Relaxed);
-        batch.finish(&shared.counters);
+        let finished = batch.finish(&shared.counters);
+        drop(conn);
         shared.queued.fetch_sub(taken, Ordering::Relaxed);
+        finished.answer();
     }
     // Closing: refresh the planner's statistics where they are stale, as SQLite recommends
     // before a long-lived connection closes. A failure only leaves older statistics.
@@ -402,28 +405,26 @@ impl<'c> Open<'c> {
     }
 
     /// Commits, or rolls back a broken transaction, and answers every command.
-    fn finish(mut self, counters: &Counters) {
+    fn finish(mut self, counters: &Counters) -> Finished {
         let conn = self.tx.conn;
-        if let Some(failure) = self.broken.take() {
+        let failure = if let Some(failure) = self.broken.take() {
             // Nothing in a broken transaction will commit (SQLite rolled it back itself, or a
             // savepoint statement failed), so every command fails, even those that had
             // succeeded.
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            answer_all(&mut self.commands, Some(&failure));
-            return;
-        }
-        match conn.execute_batch("COMMIT") {
-            Ok(()) => {
-                counters.commits.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .commands
-                    .fetch_add(self.commands.len() as u64, Ordering::Relaxed);
-                answer_all(&mut self.commands, None);
-            }
-            Err(e) => {
-                let failure = if commit_may_have_landed(&e) {
+            Some(failure)
+        } else {
+            match conn.execute_batch("COMMIT") {
+                Ok(()) => {
+                    counters.commits.fetch_add(1, Ordering::Relaxed);
+                    counters
+                        .commands
+                        .fetch_add(self.commands.len() as u64, Ordering::Relaxed);
+                    None
+                }
+                Err(e) => Some(if commit_may_have_landed(&e) {
                     Error::Ambiguous(format!("committing a write transaction: {e}"))
                 } else if conn.is_autocommit() || conn.execute_batch("ROLLBACK").is_ok() {
                     // SQLite rolled the transaction back, or we did: nothing was written.
@@ -432,10 +433,29 @@ impl<'c> Open<'c> {
                     Error::Ambiguous(format!(
                         "committing a write transaction failed and could not be rolled back: {e}"
                     ))
-                };
-                answer_all(&mut self.commands, Some(&failure));
+                }),
             }
+        };
+        Finished {
+            commands: std::mem::take(&mut self.commands),
+            failure,
         }
+    }
+}
+
+/// A batch whose transaction has ended, owing its callers their answers. They are answered
+/// once the connection is released, so that a caller who writes again at once finds it free.
+#[must_use]
+struct Finished {
+    commands: Vec<Box<dyn Command>>,
+    /// What every command answers instead of its own result: nothing committed, or it is not
+    /// known whether anything did.
+    failure: Option<Error>,
+}
+
+impl Finished {
+    fn answer(mut self) {
+        answer_all(&mut self.commands, self.failure.as_ref());
     }
 }
 
