@@ -344,8 +344,7 @@ impl<'c> Open<'c> {
         // IMMEDIATE takes the write lock up front. Another process holding it makes us wait
         // here, under busy_timeout, rather than fail half way through the batch with an
         // SQLITE_BUSY that a deferred transaction could not recover from.
-        let broken = conn
-            .execute_batch("BEGIN IMMEDIATE")
+        let broken = run_cached(conn, "BEGIN IMMEDIATE")
             .err()
             .map(|e| classify("starting a write transaction", &e));
         Open {
@@ -416,7 +415,7 @@ impl<'c> Open<'c> {
             }
             Some(failure)
         } else {
-            match conn.execute_batch("COMMIT") {
+            match run_cached(conn, "COMMIT") {
                 Ok(()) => {
                     counters.commits.fetch_add(1, Ordering::Relaxed);
                     counters
@@ -457,6 +456,12 @@ impl Finished {
     fn answer(mut self) {
         answer_all(&mut self.commands, self.failure.as_ref());
     }
+}
+
+/// Runs a statement without parameters from the connection's cache: `execute_batch` would
+/// parse it again every time, twice per transaction.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 fn rolled_back() -> Error {
