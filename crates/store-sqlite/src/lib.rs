@@ -248,9 +248,10 @@ impl std::fmt::Debug for SqliteStore {
 impl Store for SqliteStore {
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
         Box::pin(async move {
-            // While callers come one at a time, the writer's connection is free and its page
-            // cache is current (nothing else wrote since), where a reader's was discarded by the
-            // last write: the lookup reads no page from the file.
+            // While callers come one at a time, the writer's connection is free, and its page
+            // cache holds what it wrote last (unless another process wrote since), where a
+            // reader's cache was discarded by that write: the lookup reads no page from the
+            // file.
             if let Some(conn) = self.inner.writer.idle_connection() {
                 return read::get(&conn, key);
             }
