@@ -410,7 +410,8 @@ impl<'c> Open<'c> {
         Ok(())
     }
 
-    /// Commits, or rolls back a broken transaction, and answers every command.
+    /// Commits, or rolls back a broken transaction; what each command answers is in what it
+    /// returns.
     fn finish(mut self, counters: &Counters) -> Finished {
         let conn = self.tx.conn;
         let failure = if let Some(failure) = self.broken.take() {
