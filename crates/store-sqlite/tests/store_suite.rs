@@ -394,22 +394,15 @@ fn child_opener() {
 fn processes_opening_a_new_file_together_all_open() {
     const ROUNDS: usize = 20;
     const CHILDREN: usize = 4;
-    let exe = std::env::current_exe().expect("the test binary's path");
     for round in 0..ROUNDS {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("new.db");
         let children: Vec<_> = (0..CHILDREN)
             .map(|_| {
-                Command::new(&exe)
-                    .args([
-                        "--exact",
-                        "child_opener",
-                        "--nocapture",
-                        "--test-threads",
-                        "1",
-                    ])
+                child_test("child_opener")
                     .env(CHILD_OPEN, &path)
-                    .output_spawn()
+                    .spawn()
+                    .expect("the child starts")
             })
             .collect();
         for child in children {
@@ -430,20 +423,13 @@ fn processes_on_one_file_insert_each_key_once() {
     let path = dir.path().join("idemgate.db");
     // Created and migrated up front, so the children race only on claims.
     drop(open(&path));
-    let exe = std::env::current_exe().expect("the test binary's path");
     let children: Vec<_> = (0..CHILDREN)
         .map(|c| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_claimer",
-                    "--nocapture",
-                    "--test-threads",
-                    "1",
-                ])
+            child_test("child_claimer")
                 .env(CHILD_DB, &path)
                 .env(CHILD_NAME, format!("proc{c}"))
-                .output_spawn()
+                .spawn()
+                .expect("the child starts")
         })
         .collect();
     let mut total = 0;
@@ -478,17 +464,15 @@ fn processes_on_one_file_insert_each_key_once() {
     assert_eq!((rows, events), (PROCESS_KEYS as i64, PROCESS_KEYS as i64));
 }
 
-trait SpawnPiped {
-    fn output_spawn(&mut self) -> std::process::Child;
-}
-
-impl SpawnPiped for Command {
-    fn output_spawn(&mut self) -> std::process::Child {
-        self.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("the child starts")
-    }
+/// This test binary, set to run only the test `name`, its output captured.
+fn child_test(name: &str) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new(exe);
+    command
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
 }
 
 #[tokio::test]
