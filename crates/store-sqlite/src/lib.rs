@@ -9,8 +9,8 @@
 //! - `writer` — **group commit**: one thread of our own owns the only write connection, runs
 //!   every write queued meanwhile in one `BEGIN IMMEDIATE` transaction (redone with a savepoint
 //!   per write only when one fails after writing), commits once, and only then answers each
-//!   caller. The fsync per commit is shared by every write in it. [`Stats`] counts commits and
-//!   commands.
+//!   caller. The fsync per commit is shared by every write in it; a caller alone commits its
+//!   own write on its own thread. [`Stats`] counts commits and commands.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), compare-and-set transitions, event
 //!   appends and the retention sweep, each run inside the writer's transaction; the caller's
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
