@@ -151,6 +151,10 @@ pub struct SecuritySpec {
     /// For `approval: when_matches`: argument name → values that need approval.
     #[serde(default)]
     pub approval_when: BTreeMap<String, Vec<Value>>,
+    /// How long an operation waits for an operator before its approval expires as a refusal
+    /// (`approval_expired`, nothing ran). Default: `retention.max_retry_window`.
+    #[serde(default)]
+    pub approval_window: Option<Span>,
     /// Hook settings read by the face that calls it (the HTTP gateway).
     #[serde(default)]
     pub authorization_hook: Option<Value>,
@@ -162,6 +166,7 @@ impl Default for SecuritySpec {
             recheck_authorization: true,
             approval: ApprovalRule::Default,
             approval_when: BTreeMap::new(),
+            approval_window: None,
             authorization_hook: None,
         }
     }
@@ -562,6 +567,14 @@ impl Contract {
 
     pub fn duplicate_intent_window(&self) -> Option<Span> {
         self.file.duplicate_intent_window
+    }
+
+    /// How long an operation may wait for approval (see `security.approval_window`).
+    pub fn approval_window(&self) -> Span {
+        self.file
+            .security
+            .approval_window
+            .unwrap_or(self.retention.max_retry_window)
     }
 
     pub fn recheck_authorization(&self) -> bool {

@@ -39,7 +39,22 @@ pub enum EffectOutcome {
         retry_after: Option<u64>,
     },
     /// The effect may or may not have happened: timeout, reset, 5xx, malformed answer.
-    Ambiguous { reason: String },
+    /// `retry_after` is the downstream's advice (a 503's `Retry-After`), honoured before any
+    /// resend.
+    Ambiguous {
+        reason: String,
+        retry_after: Option<u64>,
+    },
+}
+
+impl EffectOutcome {
+    /// An ambiguous answer without advice on when to ask again.
+    pub fn ambiguous(reason: impl Into<String>) -> EffectOutcome {
+        EffectOutcome::Ambiguous {
+            reason: reason.into(),
+            retry_after: None,
+        }
+    }
 }
 
 /// What a receipt lookup by operation key found.
@@ -56,12 +71,23 @@ pub enum JobStatus {
     Running,
     Done(Receipt),
     Failed(Refusal),
+    /// The downstream no longer knows the job (its poll answers 404): the outcome cannot be
+    /// proved.
+    Gone(String),
     Unavailable(String),
 }
 
 /// The system of record, seen from the executor. Implementations classify their own transport
 /// failures into [`EffectOutcome`]; the executor never guesses from an error string.
 pub trait Downstream: Send + Sync {
+    /// Whether this downstream can take `arguments` at all (a URL template's placeholders,
+    /// say), checked before any record is written: an answer of `Err` is invalid arguments and
+    /// leaves nothing behind. The message names the argument, never its value.
+    fn check(&self, arguments: &Value) -> Result<(), String> {
+        let _ = arguments;
+        Ok(())
+    }
+
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome>;
 
     /// Looks up the receipt of an effect by operation key. Only called when the contract says

@@ -17,6 +17,8 @@
 //!   check, as traits.
 //! - [`machine`] — the decisions: what a delivery does with an existing record, how an
 //!   abandoned claim is recovered, what a downstream answer means.
+//! - [`transitions`] — every transition the executor makes, as data: the next state, the
+//!   fence (grown in one function), the trace entries, and retention counted from settlement.
 //! - [`outcome::Outcome`] — the labelled answer every face returns.
 //! - [`lint`] — the seed's review worksheet as a linter over contract files.
 //!
@@ -36,6 +38,7 @@ pub mod machine;
 pub mod outcome;
 pub mod record;
 pub mod store;
+pub mod transitions;
 
 pub use canonical::{CANONICALIZATION_VERSION, Canonical};
 pub use contract::{Contract, EffectClass};

@@ -58,6 +58,7 @@ pub enum ErrorCode {
     Forbidden,
     AuthorizationUnavailable,
     ApprovalDenied,
+    ApprovalExpired,
     ExpiredOperation,
     DownstreamRejected,
     DownstreamUnavailable,
@@ -85,6 +86,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::AuthorizationUnavailable => "authorization_unavailable",
             ErrorCode::ApprovalDenied => "approval_denied",
+            ErrorCode::ApprovalExpired => "approval_expired",
             ErrorCode::ExpiredOperation => "expired_operation",
             ErrorCode::DownstreamRejected => "downstream_rejected",
             ErrorCode::DownstreamUnavailable => "downstream_unavailable",
@@ -106,12 +108,57 @@ impl ErrorCode {
     /// Whether the same request may succeed later without any change by the caller: nothing
     /// was sent, and the obstacle (an unreachable store or downstream) is transient.
     pub fn retryable(self) -> bool {
-        matches!(
-            self,
+        match self {
             ErrorCode::DownstreamUnavailable
-                | ErrorCode::StoreUnavailable
-                | ErrorCode::AuthorizationUnavailable
-        )
+            | ErrorCode::StoreUnavailable
+            | ErrorCode::AuthorizationUnavailable => true,
+            ErrorCode::InvalidArguments
+            | ErrorCode::MissingOperationKey
+            | ErrorCode::InvalidOperationKey
+            | ErrorCode::IdempotencyKeyReusedWithDifferentRequest
+            | ErrorCode::PossibleDuplicateIntent
+            | ErrorCode::Unauthorized
+            | ErrorCode::Forbidden
+            | ErrorCode::ApprovalDenied
+            | ErrorCode::ApprovalExpired
+            | ErrorCode::ExpiredOperation
+            | ErrorCode::DownstreamRejected
+            | ErrorCode::PreconditionFailed
+            | ErrorCode::OutcomeUnknown
+            | ErrorCode::EffectClassRefused
+            | ErrorCode::UnknownTool
+            | ErrorCode::NotFound
+            | ErrorCode::Conflict
+            | ErrorCode::InternalError => false,
+        }
+    }
+
+    /// What a caller refused with this code should do next.
+    pub fn next_action(self) -> NextAction {
+        match self {
+            ErrorCode::IdempotencyKeyReusedWithDifferentRequest
+            | ErrorCode::ExpiredOperation
+            | ErrorCode::DownstreamRejected
+            | ErrorCode::PreconditionFailed
+            | ErrorCode::Conflict => NextAction::InspectOperation,
+            ErrorCode::PossibleDuplicateIntent | ErrorCode::ApprovalDenied => {
+                NextAction::AskForApproval
+            }
+            ErrorCode::InvalidArguments
+            | ErrorCode::MissingOperationKey
+            | ErrorCode::InvalidOperationKey
+            | ErrorCode::Unauthorized
+            | ErrorCode::Forbidden
+            | ErrorCode::AuthorizationUnavailable
+            | ErrorCode::ApprovalExpired
+            | ErrorCode::DownstreamUnavailable
+            | ErrorCode::OutcomeUnknown
+            | ErrorCode::StoreUnavailable
+            | ErrorCode::EffectClassRefused
+            | ErrorCode::UnknownTool
+            | ErrorCode::NotFound
+            | ErrorCode::InternalError => NextAction::None,
+        }
     }
 }
 
@@ -125,6 +172,7 @@ pub const ALL_CODES: &[ErrorCode] = &[
     ErrorCode::Forbidden,
     ErrorCode::AuthorizationUnavailable,
     ErrorCode::ApprovalDenied,
+    ErrorCode::ApprovalExpired,
     ErrorCode::ExpiredOperation,
     ErrorCode::DownstreamRejected,
     ErrorCode::DownstreamUnavailable,
@@ -218,23 +266,15 @@ impl Outcome {
         }
     }
 
-    /// A rejection: nothing happened. `next` tells whether a person or an inspection is needed.
+    /// A rejection of a key that has had no effect: nothing happened, and the business action
+    /// may be attempted again without risking a second effect. For a refusal of a key whose
+    /// effect did (or may have) happen, use [`Outcome::rejected_after_effect`].
     pub fn rejected(
         key: Option<OperationKey>,
         code: ErrorCode,
         message: impl Into<String>,
     ) -> Outcome {
-        let next = match code {
-            ErrorCode::IdempotencyKeyReusedWithDifferentRequest
-            | ErrorCode::ExpiredOperation
-            | ErrorCode::DownstreamRejected
-            | ErrorCode::PreconditionFailed
-            | ErrorCode::Conflict => NextAction::InspectOperation,
-            ErrorCode::PossibleDuplicateIntent | ErrorCode::ApprovalDenied => {
-                NextAction::AskForApproval
-            }
-            _ => NextAction::None,
-        };
+        let next = code.next_action();
         Outcome {
             status: Status::Rejected,
             operation_key: key,
@@ -248,6 +288,18 @@ impl Outcome {
                 message: message.into(),
             }),
         }
+    }
+
+    /// A rejection of this delivery for a key whose effect happened (or may have): this
+    /// delivery did nothing, but the business action is not safe to repeat.
+    pub fn rejected_after_effect(
+        key: Option<OperationKey>,
+        code: ErrorCode,
+        message: impl Into<String>,
+    ) -> Outcome {
+        let mut o = Outcome::rejected(key, code, message);
+        o.safe_to_repeat = false;
+        o
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Outcome {

@@ -56,13 +56,33 @@ pub struct Evidence {
     pub job_id: Option<String>,
 }
 
-/// What a compacted record keeps: enough to follow the late-arrival policy.
+/// What a compacted record keeps: what it settled as, so that a late delivery follows the
+/// late-arrival policy and never hears `replayed` for an effect that did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Digest {
-    pub reference: Option<String>,
-    /// Set when the compacted record was a refusal rather than an applied effect.
-    pub refusal: Option<ErrorCode>,
+#[serde(tag = "settled_as", rename_all = "snake_case")]
+pub enum Digest {
+    /// The effect happened: its reference.
+    Applied { reference: String },
+    /// The operation was refused (by the downstream, an approver, or an approval that expired):
+    /// nothing happened.
+    Refused { code: ErrorCode },
+    /// Nothing was ever sent: a released claim that no delivery took up again.
+    NeverRan,
 }
+
+impl Digest {
+    /// The effect's reference, when there was an effect.
+    pub fn reference(&self) -> Option<&str> {
+        match self {
+            Digest::Applied { reference } => Some(reference),
+            Digest::Refused { .. } | Digest::NeverRan => None,
+        }
+    }
+}
+
+/// The `expires_at` and `purge_at` of a record that has not settled: retention counts from
+/// settlement, so an unsettled record has no expiry yet and no sweep touches it.
+pub const NOT_SETTLED: Millis = Millis::MAX;
 
 /// The state of a record, with the data each state carries.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +92,11 @@ pub enum RecordState {
         lease: Lease,
         dispatch: Dispatch,
     },
-    AwaitingApproval,
+    /// Held for an operator until `until`; past it, the approval expires as a refusal
+    /// (`approval_expired`) and nothing runs.
+    AwaitingApproval {
+        until: Millis,
+    },
     Applied(Receipt),
     FailedPermanent(Refusal),
     Unknown(Evidence),
@@ -121,7 +145,7 @@ impl RecordState {
     pub fn status(&self) -> RecordStatus {
         match self {
             RecordState::Pending { .. } => RecordStatus::Pending,
-            RecordState::AwaitingApproval => RecordStatus::AwaitingApproval,
+            RecordState::AwaitingApproval { .. } => RecordStatus::AwaitingApproval,
             RecordState::Applied(_) => RecordStatus::Applied,
             RecordState::FailedPermanent(_) => RecordStatus::FailedPermanent,
             RecordState::Unknown(_) => RecordStatus::Unknown,
@@ -149,9 +173,11 @@ pub struct Record {
     pub approved_by: Option<String>,
     pub created_at: Millis,
     pub updated_at: Millis,
-    /// When a terminal record is compacted to a tombstone.
+    /// When a settled record is compacted to a tombstone: its settlement plus the contract's
+    /// `record_ttl`. [`NOT_SETTLED`] until it settles.
     pub expires_at: Millis,
-    /// When the tombstone itself is deleted.
+    /// When the tombstone itself is deleted: `expires_at` plus `tombstone_ttl`, or, for a
+    /// record that went straight to a tombstone, its settlement plus `tombstone_ttl`.
     pub purge_at: Millis,
     /// Whether the contract version it was claimed under has a duplicate-intent window. Only
     /// such records are found by `Store::find_fingerprint`, so stores index only these: a
@@ -181,10 +207,23 @@ impl Record {
         match &self.state {
             RecordState::Applied(r) => Some(&r.reference),
             RecordState::Unknown(e) => e.reference.as_deref(),
-            RecordState::Tombstone(d) => d.reference.as_deref(),
+            RecordState::Tombstone(d) => d.reference(),
             RecordState::Pending { .. }
-            | RecordState::AwaitingApproval
+            | RecordState::AwaitingApproval { .. }
             | RecordState::FailedPermanent(_) => None,
+        }
+    }
+
+    /// Whether the record has settled: its effect happened or provably never will under this
+    /// attempt (applied, refused, compacted). Only settled records expire.
+    pub fn is_settled(&self) -> bool {
+        match self.state {
+            RecordState::Applied(_) | RecordState::FailedPermanent(_) | RecordState::Tombstone(_) => {
+                true
+            }
+            RecordState::Pending { .. }
+            | RecordState::AwaitingApproval { .. }
+            | RecordState::Unknown(_) => false,
         }
     }
 }
@@ -385,7 +424,7 @@ impl Row {
                     }
                 }
             }
-            RecordState::AwaitingApproval => {}
+            RecordState::AwaitingApproval { until } => self.lease_expires_at = Some(*until),
             RecordState::Applied(receipt) => {
                 self.effect_reference = Some(receipt.reference.clone());
                 self.result = Some(json_text(&receipt.result));
@@ -399,10 +438,13 @@ impl Row {
                 self.effect_reference = evidence.reference.clone();
                 self.job_id = evidence.job_id.clone();
             }
-            RecordState::Tombstone(digest) => {
-                self.effect_reference = digest.reference.clone();
-                self.error_code = digest.refusal.map(|c| c.as_str().into());
-            }
+            // Which columns are set says what the tombstone settled as: a reference, a refusal
+            // code, or neither (never ran).
+            RecordState::Tombstone(digest) => match digest {
+                Digest::Applied { reference } => self.effect_reference = Some(reference.clone()),
+                Digest::Refused { code } => self.error_code = Some(code.as_str().into()),
+                Digest::NeverRan => {}
+            },
         }
     }
 
@@ -441,7 +483,11 @@ impl Row {
                 };
                 RecordState::Pending { lease, dispatch }
             }
-            RecordStatus::AwaitingApproval => RecordState::AwaitingApproval,
+            RecordStatus::AwaitingApproval => RecordState::AwaitingApproval {
+                until: self
+                    .lease_expires_at
+                    .ok_or_else(|| bad("awaiting_approval without a deadline".into()))?,
+            },
             RecordStatus::Applied => {
                 let result = match &self.result {
                     Some(text) => serde_json::from_str(text)
@@ -466,10 +512,18 @@ impl Row {
                 reference: self.effect_reference.clone(),
                 job_id: self.job_id.clone(),
             }),
-            RecordStatus::Tombstone => RecordState::Tombstone(Digest {
-                reference: self.effect_reference.clone(),
-                refusal: code(&self.error_code)?,
-            }),
+            RecordStatus::Tombstone => {
+                RecordState::Tombstone(match (&self.effect_reference, code(&self.error_code)?) {
+                    (Some(reference), None) => Digest::Applied {
+                        reference: reference.clone(),
+                    },
+                    (None, Some(code)) => Digest::Refused { code },
+                    (None, None) => Digest::NeverRan,
+                    (Some(_), Some(_)) => {
+                        return Err(bad("tombstone with both a reference and a refusal".into()));
+                    }
+                })
+            }
         };
         let request = match &self.request {
             Some(text) => Some(
@@ -550,7 +604,7 @@ mod tests {
                     job_id: "job-7".into(),
                 },
             },
-            RecordState::AwaitingApproval,
+            RecordState::AwaitingApproval { until: 99 },
             RecordState::Applied(Receipt {
                 reference: "ticket_1".into(),
                 result: serde_json::json!({"id": 1}),
@@ -564,10 +618,13 @@ mod tests {
                 reference: None,
                 job_id: Some("j".into()),
             }),
-            RecordState::Tombstone(Digest {
-                reference: Some("ticket_1".into()),
-                refusal: None,
+            RecordState::Tombstone(Digest::Applied {
+                reference: "ticket_1".into(),
             }),
+            RecordState::Tombstone(Digest::Refused {
+                code: ErrorCode::ApprovalExpired,
+            }),
+            RecordState::Tombstone(Digest::NeverRan),
         ];
         for state in states {
             let r = record(state);

@@ -40,6 +40,10 @@ pub enum Claimed {
     Inserted(Record),
     /// A record already existed under the key; it is returned unchanged.
     Existing(Record),
+    /// ([`Store::claim_unless_duplicate`] only.) Another key of the same tenant and tool
+    /// holds a record with the same fingerprint, created within the window: nothing was
+    /// inserted.
+    DuplicateIntent(OperationKey),
 }
 
 /// What the record must still look like for a transition to apply.
@@ -60,6 +64,16 @@ pub enum RequestUpdate {
     Set(Value),
 }
 
+/// When a settled record expires, fixed by the transition that settles it: retention counts
+/// from settlement, never from the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    /// When the record is compacted to a tombstone.
+    pub expires_at: Millis,
+    /// When the tombstone is deleted.
+    pub purge_at: Millis,
+}
+
 /// One compare-and-set transition, fully decided by the executor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
@@ -74,6 +88,9 @@ pub struct Transition {
     pub approved_by: Option<String>,
     /// Replaces the stored fingerprint (an operator's `not_applied` lets a new request run).
     pub fingerprint: Option<Fingerprint>,
+    /// Replaces `expires_at` and `purge_at`: set by every transition to a settled state, and
+    /// by one that leaves a settled state (to [`NOT_SETTLED`](crate::record::NOT_SETTLED)).
+    pub expiry: Option<Expiry>,
     pub events: Vec<Event>,
     pub now: Millis,
 }
@@ -91,6 +108,8 @@ pub enum Cas {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Filter {
     pub tenant: Option<String>,
+    /// Only keys of this environment (the key's second part).
+    pub environment: Option<String>,
     pub status: Option<RecordStatus>,
     pub tool: Option<String>,
     /// Only keys greater than this one (keyset pagination).
@@ -98,10 +117,41 @@ pub struct Filter {
     pub limit: usize,
 }
 
+/// Where a scan of due records continues: after this deadline and key, in that order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub due_at: Millis,
+    pub key: OperationKey,
+}
+
+/// The recoverer's scan: records of one environment whose deadline has come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub environment: String,
+    pub now: Millis,
+    /// Only records after this one in (deadline, key) order: the scan is paged, so that
+    /// records that make no progress never hide the others.
+    pub after: Option<Cursor>,
+    pub limit: usize,
+}
+
+/// The deadline a due scan orders by: the lease expiry of a pending record (owned, released or
+/// a job's next poll), the approval deadline of one awaiting approval. `None` for the others.
+pub fn due_at(record: &Record) -> Option<Millis> {
+    match &record.state {
+        RecordState::Pending { lease, .. } => Some(lease.expires_at),
+        RecordState::AwaitingApproval { until } => Some(*until),
+        RecordState::Applied(_)
+        | RecordState::FailedPermanent(_)
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => None,
+    }
+}
+
 /// What one retention sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SweepReport {
-    /// Terminal records past `expires_at` turned into tombstones.
+    /// Settled records past `expires_at` turned into tombstones.
     pub compacted: u64,
     /// Tombstones past `purge_at` deleted, with their events.
     pub purged: u64,
@@ -110,22 +160,28 @@ pub struct SweepReport {
 /// The durable store.
 ///
 /// Sweeping is the one bulk transition, and its rule is fixed here so that stores agree:
-/// records in `applied`, `failed_permanent` or `awaiting_approval` whose `expires_at` has
-/// passed become tombstones (reference and refusal code kept; result and request dropped; an
-/// `expired` event appended); tombstones whose `purge_at` has passed are deleted with their
-/// events. `pending` and `unknown` records are never swept: they still need an owner path.
+/// within one environment, records in `applied` or `failed_permanent` whose `expires_at` has
+/// passed become tombstones (reference or refusal code kept — the [`Digest`] of what they
+/// settled as; result and request dropped; an `expired` event appended); tombstones whose
+/// `purge_at` has passed are deleted with their events. Records that have not settled —
+/// `pending`, `awaiting_approval`, `unknown` — are never swept: their effect may still happen
+/// or arrive. (The executor expires an approval or a released claim past its deadline with an
+/// ordinary transition, found by [`Store::due`].)
 ///
 /// The finer points every store follows (the shared `store_suite` checks each):
 ///
-/// - "Has passed" means at or before `now` (`<=`), for expiries, purges and leases alike.
+/// - "Has passed" means at or before `now` (`<=`), for expiries, purges, leases and deadlines.
 /// - A sweep purges before it compacts, so a record compacted by one sweep is purged, at the
 ///   earliest, by the next.
-/// - `recoverable` includes a released claim (a lease without owner) whatever its expiry, and
-///   a pending job whatever its lease.
+/// - `due` returns `pending` and `awaiting_approval` records of the environment whose
+///   [`due_at`] has passed, ordered by (`due_at`, key), after the cursor; owned, released and
+///   job records alike.
 /// - `list` with `limit == 0` returns a page of 100; no page is larger than 1000.
-/// - `find_fingerprint` returns the earliest-created match, the smallest key on a tie.
+/// - `claim_unless_duplicate` names the earliest-created match, the smallest key on a tie.
 /// - `append_events` for a key without a record is accepted (the trace may outlive a purge
 ///   race; it is never read without its record).
+///
+/// [`Digest`]: crate::record::Digest
 pub trait Store: Send + Sync + 'static {
     /// Reads one record. Never writes.
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>>;
@@ -134,6 +190,18 @@ pub trait Store: Send + Sync + 'static {
     /// atomically, decided by the store's unique constraint. `events` are appended with the
     /// insert in the same transaction, and only if it inserted.
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>>;
+
+    /// Like [`Store::claim`], for a tool with a duplicate-intent window, atomically: when a
+    /// record of the same tenant and tool with the same fingerprint, claimed with
+    /// `intent_window`, under another key, created at or after `since` exists, nothing is
+    /// inserted and its key is returned ([`Claimed::DuplicateIntent`]). The check and the insert
+    /// are one step: two concurrent claims of one fingerprint under two keys never both insert.
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>>;
 
     /// Applies `transition` if the record still matches its expectation.
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>>;
@@ -151,22 +219,18 @@ pub trait Store: Send + Sync + 'static {
     /// Records matching `filter`, ordered by key.
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
-    /// Pending records the recoverer should look at: a lease expired by `now` (released ones
-    /// included), or an accepted job to poll. At most `limit`, oldest update first.
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
+    /// Records whose deadline has come, for the recoverer (see the trait's rule): at most
+    /// `limit`, in (`due_at`, key) order after the cursor.
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
-    /// A record of `tool` in `tenant` with this fingerprint created at or after `since`, for
-    /// the duplicate-intent window. Only records claimed with `intent_window` set are found.
-    fn find_fingerprint<'a>(
+    /// One retention sweep of `environment`, of at most `limit` rows of each kind (see the
+    /// trait's rule).
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>>;
-
-    /// One retention sweep of at most `limit` rows of each kind (see the trait's rule).
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>>;
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>>;
 }
 
 /// A shared store is a store: executors, recoverers and test wrappers hold `Arc<dyn Store>`.
@@ -176,6 +240,14 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
         (**self).claim(record, events)
+    }
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>> {
+        (**self).claim_unless_duplicate(record, events, since)
     }
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         (**self).transition(transition)
@@ -193,19 +265,15 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).list(filter)
     }
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
-        (**self).recoverable(now, limit)
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        (**self).due(query)
     }
-    fn find_fingerprint<'a>(
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
-        (**self).find_fingerprint(tenant, tool, fingerprint, since)
-    }
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
-        (**self).sweep(now, limit)
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>> {
+        (**self).sweep(environment, now, limit)
     }
 }
