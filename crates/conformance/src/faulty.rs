@@ -20,11 +20,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Error, Filter, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
 };
 
 use crate::gate::Gate;
@@ -48,14 +47,13 @@ pub struct Counts {
     pub append_events: u64,
     pub events: u64,
     pub list: u64,
-    pub recoverable: u64,
-    pub find_fingerprint: u64,
+    pub due: u64,
     pub sweep: u64,
 }
 
 impl Counts {
     pub fn reads(&self) -> u64 {
-        self.get + self.events + self.list + self.recoverable + self.find_fingerprint
+        self.get + self.events + self.list + self.due
     }
 
     pub fn writes(&self) -> u64 {
@@ -98,8 +96,7 @@ enum Read {
     Get,
     Events,
     List,
-    Recoverable,
-    FindFingerprint,
+    Due,
 }
 
 impl<S> FaultyStore<S> {
@@ -227,8 +224,7 @@ impl<S> FaultyStore<S> {
             Read::Get => counts.get += 1,
             Read::Events => counts.events += 1,
             Read::List => counts.list += 1,
-            Read::Recoverable => counts.recoverable += 1,
-            Read::FindFingerprint => counts.find_fingerprint += 1,
+            Read::Due => counts.due += 1,
         }
         if state.all_reads {
             state.fired += 1;
@@ -285,6 +281,26 @@ impl<S: Store> Store for FaultyStore<S> {
         })
     }
 
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>> {
+        Box::pin(async move {
+            let n = self.arrive(Write::Claim);
+            let fault = self.fault_for(n);
+            let claimed = around(n, fault, || {
+                self.inner.claim_unless_duplicate(record, events, since)
+            })
+            .await?;
+            if let Claimed::Inserted(_) = claimed {
+                self.after_claim.pass().await;
+            }
+            Ok(claimed)
+        })
+    }
+
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         Box::pin(async move {
             let n = self.arrive(Write::Transition);
@@ -320,33 +336,23 @@ impl<S: Store> Store for FaultyStore<S> {
         })
     }
 
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move {
-            self.read(Read::Recoverable)?;
-            self.inner.recoverable(now, limit).await
+            self.read(Read::Due)?;
+            self.inner.due(query).await
         })
     }
 
-    fn find_fingerprint<'a>(
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
-        Box::pin(async move {
-            self.read(Read::FindFingerprint)?;
-            self.inner
-                .find_fingerprint(tenant, tool, fingerprint, since)
-                .await
-        })
-    }
-
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         Box::pin(async move {
             let n = self.arrive(Write::Sweep);
             let fault = self.fault_for(n);
-            around(n, fault, || self.inner.sweep(now, limit)).await
+            around(n, fault, || self.inner.sweep(environment, now, limit)).await
         })
     }
 }
@@ -361,6 +367,7 @@ mod tests {
 
     use super::*;
     use crate::gate::bounded;
+    use idemgate_core::fingerprint::Fingerprint;
     use crate::mem::MemStore;
 
     fn key(step: &str) -> OperationKey {
@@ -409,6 +416,7 @@ mod tests {
             request: RequestUpdate::Clear,
             approved_by: None,
             fingerprint: None,
+            expiry: None,
             events: vec![Event::new(EventKind::Committed, 10, 1, "w1")],
             now: 10,
         }

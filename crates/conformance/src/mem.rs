@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Error, Expect, Filter, RequestUpdate, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Expect, Filter, RequestUpdate, Store, SweepReport,
+    Transition, due_at,
 };
 
 /// The worker name on `expired` events appended by a sweep.
@@ -86,24 +86,19 @@ fn matches(record: &Record, expect: &Expect) -> bool {
     }
 }
 
-/// The sweep's compaction of one terminal record: reference and refusal code kept, result
-/// and request dropped.
+/// The sweep's compaction of one settled record: what it settled as kept, result and request
+/// dropped.
 fn compact(record: &mut Record, now: Millis) {
     let digest = match &record.state {
-        RecordState::Applied(receipt) => Digest {
-            reference: Some(receipt.reference.clone()),
-            refusal: None,
+        RecordState::Applied(receipt) => Digest::Applied {
+            reference: receipt.reference.clone(),
         },
-        RecordState::FailedPermanent(refusal) => Digest {
-            reference: None,
-            refusal: Some(refusal.code),
-        },
-        RecordState::AwaitingApproval => Digest {
-            reference: None,
-            refusal: None,
-        },
-        RecordState::Pending { .. } | RecordState::Unknown(_) | RecordState::Tombstone(_) => {
-            unreachable!("only terminal records and approvals are compacted")
+        RecordState::FailedPermanent(refusal) => Digest::Refused { code: refusal.code },
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval { .. }
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => {
+            unreachable!("only settled records are compacted")
         }
     };
     record.state = RecordState::Tombstone(digest);
@@ -111,15 +106,17 @@ fn compact(record: &mut Record, now: Millis) {
     record.updated_at = now;
 }
 
-fn compactable(record: &Record, now: Millis) -> bool {
-    let terminal = match record.status() {
-        RecordStatus::Applied | RecordStatus::FailedPermanent | RecordStatus::AwaitingApproval => {
-            true
-        }
-        // Pending and unknown records still need an owner path; tombstones are done.
-        RecordStatus::Pending | RecordStatus::Unknown | RecordStatus::Tombstone => false,
+fn compactable(record: &Record, environment: &str, now: Millis) -> bool {
+    let settled = match record.status() {
+        RecordStatus::Applied | RecordStatus::FailedPermanent => true,
+        // Pending, awaiting approval and unknown records have not settled: their effect may
+        // still happen or arrive. Tombstones are done.
+        RecordStatus::Pending
+        | RecordStatus::AwaitingApproval
+        | RecordStatus::Unknown
+        | RecordStatus::Tombstone => false,
     };
-    terminal && record.expires_at <= now
+    settled && record.key.environment() == environment && record.expires_at <= now
 }
 
 impl Store for MemStore {
@@ -151,6 +148,45 @@ impl Store for MemStore {
         })
     }
 
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            if let Some(existing) = tables.records.get(&record.key) {
+                return Ok(Claimed::Existing(existing.clone()));
+            }
+            // Of several matches, the earliest created (then the smallest key), so the answer is
+            // the same on every run. Checked and inserted under one lock: atomic.
+            let duplicate = tables
+                .records
+                .values()
+                .filter(|r| {
+                    r.intent_window
+                        && r.key != record.key
+                        && r.tenant() == record.tenant()
+                        && r.tool == record.tool
+                        && r.fingerprint == record.fingerprint
+                        && r.created_at >= since
+                })
+                .min_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)))
+                .map(|r| r.key.clone());
+            if let Some(other) = duplicate {
+                return Ok(Claimed::DuplicateIntent(other));
+            }
+            tables
+                .events
+                .entry(record.key.clone())
+                .or_default()
+                .extend(events);
+            tables.records.insert(record.key.clone(), record.clone());
+            Ok(Claimed::Inserted(record))
+        })
+    }
+
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         Box::pin(async move {
             let mut tables = self.lock();
@@ -162,6 +198,7 @@ impl Store for MemStore {
                 request,
                 approved_by,
                 fingerprint,
+                expiry,
                 events,
                 now,
             } = transition;
@@ -181,6 +218,10 @@ impl Store for MemStore {
                     }
                     if let Some(fingerprint) = fingerprint {
                         record.fingerprint = fingerprint;
+                    }
+                    if let Some(expiry) = expiry {
+                        record.expires_at = expiry.expires_at;
+                        record.purge_at = expiry.purge_at;
                     }
                     record.updated_at = now;
                     let done = record.clone();
@@ -221,6 +262,12 @@ impl Store for MemStore {
                 .records
                 .values()
                 .filter(|r| filter.tenant.as_deref().is_none_or(|t| r.tenant() == t))
+                .filter(|r| {
+                    filter
+                        .environment
+                        .as_deref()
+                        .is_none_or(|e| r.key.environment() == e)
+                })
                 .filter(|r| filter.status.is_none_or(|s| r.status() == s))
                 .filter(|r| filter.tool.as_deref().is_none_or(|t| r.tool == t))
                 .filter(|r| filter.after.as_deref().is_none_or(|a| r.key.as_str() > a))
@@ -231,62 +278,38 @@ impl Store for MemStore {
         })
     }
 
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move {
             let tables = self.lock();
-            let mut found: Vec<&Record> = tables
+            let mut found: Vec<(Millis, &Record)> = tables
                 .records
                 .values()
-                .filter(|r| match &r.state {
-                    // A released claim has no owner: anyone may take it over, whatever its expiry
-                    // says. An accepted job is polled whether or not its lease is live.
-                    RecordState::Pending { lease, dispatch } => {
-                        lease.owner.is_none()
-                            || lease.expires_at <= now
-                            || matches!(dispatch, idemgate_core::record::Dispatch::Job { .. })
-                    }
-                    RecordState::AwaitingApproval
-                    | RecordState::Applied(_)
-                    | RecordState::FailedPermanent(_)
-                    | RecordState::Unknown(_)
-                    | RecordState::Tombstone(_) => false,
+                .filter(|r| r.key.environment() == query.environment)
+                .filter_map(|r| due_at(r).map(|at| (at, r)))
+                .filter(|(at, _)| *at <= query.now)
+                .filter(|(at, r)| {
+                    query
+                        .after
+                        .as_ref()
+                        .is_none_or(|c| (*at, &r.key) > (c.due_at, &c.key))
                 })
                 .collect();
-            // Oldest update first; the key breaks ties so the order never depends on the map.
-            found.sort_by(|a, b| (a.updated_at, &a.key).cmp(&(b.updated_at, &b.key)));
-            let found = found.into_iter().take(limit).cloned().collect();
+            found.sort_by(|a, b| (a.0, &a.1.key).cmp(&(b.0, &b.1.key)));
+            let found = found
+                .into_iter()
+                .take(query.limit)
+                .map(|(_, r)| r.clone())
+                .collect();
             Ok(found)
         })
     }
 
-    fn find_fingerprint<'a>(
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
-        Box::pin(async move {
-            let tables = self.lock();
-            // Of several matches, the earliest created (then the smallest key), so the answer is
-            // the same on every run.
-            let found = tables
-                .records
-                .values()
-                .filter(|r| {
-                    r.intent_window
-                        && r.tenant() == tenant
-                        && r.tool == tool
-                        && &r.fingerprint == fingerprint
-                        && r.created_at >= since
-                })
-                .min_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)))
-                .map(|r| r.key.clone());
-            Ok(found)
-        })
-    }
-
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         Box::pin(async move {
             let mut tables = self.lock();
             let mut report = SweepReport::default();
@@ -297,7 +320,11 @@ impl Store for MemStore {
             let mut purge: Vec<(Millis, OperationKey)> = tables
                 .records
                 .values()
-                .filter(|r| r.status() == RecordStatus::Tombstone && r.purge_at <= now)
+                .filter(|r| {
+                    r.status() == RecordStatus::Tombstone
+                        && r.key.environment() == environment
+                        && r.purge_at <= now
+                })
                 .map(|r| (r.purge_at, r.key.clone()))
                 .collect();
             purge.sort();
@@ -312,7 +339,7 @@ impl Store for MemStore {
             let mut compact_keys: Vec<(Millis, OperationKey)> = tables
                 .records
                 .values()
-                .filter(|r| compactable(r, now))
+                .filter(|r| compactable(r, environment, now))
                 .map(|r| (r.expires_at, r.key.clone()))
                 .collect();
             compact_keys.sort();
@@ -333,7 +360,9 @@ impl Store for MemStore {
 
 #[cfg(test)]
 mod tests {
+    use idemgate_core::fingerprint::Fingerprint;
     use idemgate_core::record::{Dispatch, Evidence, Lease, Receipt, Refusal};
+    use idemgate_core::store::Cursor;
     use idemgate_core::{ErrorCode, Record};
     use serde_json::json;
 
@@ -398,6 +427,7 @@ mod tests {
             request: RequestUpdate::Keep,
             approved_by: None,
             fingerprint: None,
+            expiry: None,
             events: vec![event(EventKind::Committed)],
             now: 50,
         }
@@ -505,7 +535,10 @@ mod tests {
     #[tokio::test]
     async fn transition_sets_approval_fingerprint_and_request_only_when_given() {
         let store = MemStore::new();
-        let mut waiting = with_state(pending("s1", None, 0), RecordState::AwaitingApproval);
+        let mut waiting = with_state(
+            pending("s1", None, 0),
+            RecordState::AwaitingApproval { until: 500 },
+        );
         waiting.approved_by = Some("earlier".into());
         store.claim(waiting, vec![]).await.unwrap();
         let next = pending("s1", Some("w1"), 100).state;
@@ -537,23 +570,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn recoverable_lists_expired_released_and_job_claims_oldest_first() {
+    async fn due_lists_deadlines_passed_in_order_after_the_cursor() {
         let store = MemStore::new();
-        let mut records = vec![
+        let job = RecordState::Pending {
+            lease: Lease {
+                owner: Some("w".into()),
+                expires_at: 150,
+            },
+            dispatch: Dispatch::Job {
+                job_id: "job_1".into(),
+            },
+        };
+        let records = vec![
             pending("live", Some("w"), 500),
             pending("expired", Some("w"), 100),
-            pending("released", None, 900),
+            pending("released", None, 120),
+            with_state(pending("job", Some("w"), 0), job),
             with_state(
-                pending("job", Some("w"), 900),
-                RecordState::Pending {
-                    lease: Lease {
-                        owner: Some("w".into()),
-                        expires_at: 900,
-                    },
-                    dispatch: Dispatch::Job {
-                        job_id: "job_1".into(),
-                    },
-                },
+                pending("approval", None, 0),
+                RecordState::AwaitingApproval { until: 180 },
             ),
             with_state(
                 pending("unknown", Some("w"), 0),
@@ -564,28 +599,43 @@ mod tests {
                 }),
             ),
         ];
-        for (i, r) in records.iter_mut().enumerate() {
-            r.updated_at = 10 - i as Millis;
-        }
         for r in records {
             store.claim(r, vec![]).await.unwrap();
         }
-        let keys = |rs: Vec<Record>| {
-            rs.into_iter()
-                .map(|r| r.key.step_id().to_string())
-                .collect::<Vec<_>>()
+        let mut elsewhere = pending("elsewhere", Some("w"), 100);
+        elsewhere.key = OperationKey::new("acme", "other", "wf", "elsewhere").unwrap();
+        store.claim(elsewhere, vec![]).await.unwrap();
+        let due = |now, after: Option<(Millis, &str)>, limit| {
+            let store = store.clone();
+            let after = after.map(|(due_at, step)| Cursor {
+                due_at,
+                key: key(step),
+            });
+            async move {
+                let query = Due {
+                    environment: "test".into(),
+                    now,
+                    after,
+                    limit,
+                };
+                store
+                    .due(query)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| r.key.step_id().to_string())
+                    .collect::<Vec<_>>()
+            }
         };
         assert_eq!(
-            keys(store.recoverable(200, 10).await.unwrap()),
-            ["job", "released", "expired"]
+            due(200, None, 10).await,
+            ["expired", "released", "job", "approval"]
         );
+        assert_eq!(due(200, None, 2).await, ["expired", "released"]);
+        assert_eq!(due(200, Some((120, "released")), 10).await, ["job", "approval"]);
         assert_eq!(
-            keys(store.recoverable(200, 2).await.unwrap()),
-            ["job", "released"]
-        );
-        assert_eq!(
-            keys(store.recoverable(500, 10).await.unwrap()),
-            ["job", "released", "expired", "live"]
+            due(500, None, 10).await,
+            ["expired", "released", "job", "approval", "live"]
         );
     }
 
@@ -644,7 +694,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn find_fingerprint_is_scoped_by_tenant_tool_and_time() {
+    async fn a_duplicate_intent_is_found_and_not_inserted() {
         let store = MemStore::new();
         let mut early = pending("early", Some("w"), 100);
         early.created_at = 10;
@@ -652,31 +702,21 @@ mod tests {
         late.created_at = 20;
         store.claim(late, vec![]).await.unwrap();
         store.claim(early, vec![]).await.unwrap();
-        let fp = fingerprint();
-        assert_eq!(
-            store.find_fingerprint("acme", "t", &fp, 0).await.unwrap(),
-            Some(key("early"))
-        );
-        assert_eq!(
-            store.find_fingerprint("acme", "t", &fp, 11).await.unwrap(),
-            Some(key("late"))
-        );
-        assert_eq!(
-            store.find_fingerprint("acme", "t", &fp, 21).await.unwrap(),
-            None
-        );
-        assert_eq!(
-            store.find_fingerprint("globex", "t", &fp, 0).await.unwrap(),
-            None
-        );
-        assert_eq!(
-            store.find_fingerprint("acme", "u", &fp, 0).await.unwrap(),
-            None
-        );
+        let claim = |step: &str, since| {
+            let store = store.clone();
+            let mut r = pending(step, Some("w"), 100);
+            r.created_at = 30;
+            async move { store.claim_unless_duplicate(r, vec![], since).await.unwrap() }
+        };
+        assert_eq!(claim("new", 0).await, Claimed::DuplicateIntent(key("early")));
+        assert_eq!(claim("new", 11).await, Claimed::DuplicateIntent(key("late")));
+        assert!(matches!(claim("new", 21).await, Claimed::Inserted(_)));
+        // Its own key is no duplicate of itself: the existing record comes back.
+        assert!(matches!(claim("early", 0).await, Claimed::Existing(_)));
     }
 
     #[tokio::test]
-    async fn sweep_compacts_terminal_records_and_purges_tombstones() {
+    async fn sweep_compacts_settled_records_and_purges_tombstones() {
         let store = MemStore::new();
         let refusal = Refusal {
             code: ErrorCode::DownstreamRejected,
@@ -690,7 +730,7 @@ mod tests {
         for (step, state) in [
             ("applied", applied()),
             ("failed", RecordState::FailedPermanent(refusal)),
-            ("approval", RecordState::AwaitingApproval),
+            ("approval", RecordState::AwaitingApproval { until: 0 }),
             ("pending", pending("x", Some("w"), 0).state),
             ("unknown", unknown),
         ] {
@@ -705,32 +745,33 @@ mod tests {
         let mut fresh = with_state(pending("fresh", Some("w"), 0), applied());
         fresh.expires_at = 1_001;
         store.claim(fresh, vec![]).await.unwrap();
+        let mut elsewhere = with_state(pending("elsewhere", Some("w"), 0), applied());
+        elsewhere.key = OperationKey::new("acme", "other", "wf", "elsewhere").unwrap();
+        store.claim(elsewhere, vec![]).await.unwrap();
 
         // Just before expiry nothing happens.
-        assert_eq!(store.sweep(999, 10).await, Ok(SweepReport::default()));
-        let report = store.sweep(1_000, 10).await.unwrap();
+        assert_eq!(store.sweep("test", 999, 10).await, Ok(SweepReport::default()));
+        let report = store.sweep("test", 1_000, 10).await.unwrap();
         assert_eq!(
             report,
             SweepReport {
-                compacted: 3,
+                compacted: 2,
                 purged: 0
             }
         );
         let tomb = store.get(&key("applied")).await.unwrap().unwrap();
         assert_eq!(
             tomb.state,
-            RecordState::Tombstone(Digest {
-                reference: Some("ticket_1".into()),
-                refusal: None
+            RecordState::Tombstone(Digest::Applied {
+                reference: "ticket_1".into()
             })
         );
         assert_eq!((tomb.request, tomb.updated_at), (None, 1_000));
         let failed = store.get(&key("failed")).await.unwrap().unwrap();
         assert_eq!(
             failed.state,
-            RecordState::Tombstone(Digest {
-                reference: None,
-                refusal: Some(ErrorCode::DownstreamRejected)
+            RecordState::Tombstone(Digest::Refused {
+                code: ErrorCode::DownstreamRejected
             })
         );
         let trace = store.events(&key("applied")).await.unwrap();
@@ -738,17 +779,23 @@ mod tests {
             trace.iter().map(|e| e.kind).collect::<Vec<_>>(),
             [EventKind::Claimed, EventKind::Expired]
         );
-        for step in ["pending", "unknown", "fresh"] {
+        // Unsettled records are never swept; nor is another environment's.
+        for step in ["pending", "unknown", "approval", "fresh"] {
             assert_ne!(
                 store.get(&key(step)).await.unwrap().unwrap().status(),
                 RecordStatus::Tombstone,
                 "{step}"
             );
         }
+        let other = OperationKey::new("acme", "other", "wf", "elsewhere").unwrap();
+        assert_eq!(
+            store.get(&other).await.unwrap().unwrap().status(),
+            RecordStatus::Applied
+        );
 
         // Tombstones go at purge_at, with their traces; the limit bounds each kind.
         assert_eq!(
-            store.sweep(2_000, 2).await.unwrap(),
+            store.sweep("test", 2_000, 2).await.unwrap(),
             SweepReport {
                 compacted: 1,
                 purged: 2
@@ -756,14 +803,15 @@ mod tests {
         );
         // The tombstone compacted a sweep ago is purged only now.
         assert_eq!(
-            store.sweep(2_000, 2).await.unwrap(),
+            store.sweep("test", 2_000, 2).await.unwrap(),
             SweepReport {
                 compacted: 0,
-                purged: 2
+                purged: 1
             }
         );
         assert_eq!(store.get(&key("applied")).await.unwrap(), None);
         assert!(store.events(&key("applied")).await.unwrap().is_empty());
-        assert_eq!(store.len(), 2); // pending and unknown are never swept
+        // pending, unknown, approval and the other environment's record remain.
+        assert_eq!(store.len(), 4);
     }
 }

@@ -2,8 +2,10 @@
 //! can move time by hand and replay any run.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use crate::record::Millis;
+use crate::store::BoxFuture;
 
 pub trait Clock: Send + Sync {
     /// Milliseconds since the Unix epoch.
@@ -43,4 +45,12 @@ impl Clock for ManualClock {
     fn now(&self) -> Millis {
         self.0.load(Ordering::SeqCst)
     }
+}
+
+/// Waiting, injected like time: the executor's lease renewals and pauses between resends wait
+/// through a `Timer`, so a simulator decides when each wait ends (the engine's default waits on
+/// the async runtime's clock).
+pub trait Timer: Send + Sync {
+    /// Completes once `duration` has passed.
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()>;
 }

@@ -12,11 +12,10 @@
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
 };
 use serde_json::Value;
 
@@ -170,6 +169,14 @@ impl<S: Store> SealedStore<S> {
         &self.inner
     }
 
+    fn open_claimed(&self, claimed: Claimed) -> Result<Claimed, Error> {
+        Ok(match claimed {
+            Claimed::Inserted(r) => Claimed::Inserted(self.sealer.open_record(r)?),
+            Claimed::Existing(r) => Claimed::Existing(self.sealer.open_record(r)?),
+            Claimed::DuplicateIntent(key) => Claimed::DuplicateIntent(key),
+        })
+    }
+
     fn open_all(&self, records: Vec<Record>) -> Result<Vec<Record>, Error> {
         records
             .into_iter()
@@ -192,10 +199,23 @@ impl<S: Store> Store for SealedStore<S> {
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
         Box::pin(async move {
             let sealed = self.sealer.seal_record(record)?;
-            Ok(match self.inner.claim(sealed, events).await? {
-                Claimed::Inserted(r) => Claimed::Inserted(self.sealer.open_record(r)?),
-                Claimed::Existing(r) => Claimed::Existing(self.sealer.open_record(r)?),
-            })
+            self.open_claimed(self.inner.claim(sealed, events).await?)
+        })
+    }
+
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>> {
+        Box::pin(async move {
+            let sealed = self.sealer.seal_record(record)?;
+            self.open_claimed(
+                self.inner
+                    .claim_unless_duplicate(sealed, events, since)
+                    .await?,
+            )
         })
     }
 
@@ -234,22 +254,16 @@ impl<S: Store> Store for SealedStore<S> {
         Box::pin(async move { self.open_all(self.inner.list(filter).await?) })
     }
 
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
-        Box::pin(async move { self.open_all(self.inner.recoverable(now, limit).await?) })
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.open_all(self.inner.due(query).await?) })
     }
 
-    fn find_fingerprint<'a>(
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
-        self.inner
-            .find_fingerprint(tenant, tool, fingerprint, since)
-    }
-
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
-        self.inner.sweep(now, limit)
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>> {
+        self.inner.sweep(environment, now, limit)
     }
 }

@@ -13,7 +13,9 @@ use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Outcome;
 use idemgate_core::record::{Event, EventKind, Millis, Record, RecordStatus};
-use idemgate_core::store::{self, BoxFuture, Cas, Claimed, Filter, Store, SweepReport, Transition};
+use idemgate_core::store::{
+    self, BoxFuture, Cas, Claimed, Due, Filter, Store, SweepReport, Transition,
+};
 use idemgate_engine::Observer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -130,6 +132,22 @@ impl Store for MeteredStore {
             answer
         })
     }
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let answer = self
+                .inner
+                .claim_unless_duplicate(record, events, since)
+                .await;
+            metrics::histogram!(CLAIM_SECONDS).record(started.elapsed().as_secs_f64());
+            answer
+        })
+    }
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
         Box::pin(async move {
             let takeover = transition.expect.lease_expired_by.is_some();
@@ -164,25 +182,16 @@ impl Store for MeteredStore {
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         self.inner.list(filter)
     }
-    fn recoverable(
-        &self,
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        self.inner.due(query)
+    }
+    fn sweep<'a>(
+        &'a self,
+        environment: &'a str,
         now: Millis,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
-        self.inner.recoverable(now, limit)
-    }
-    fn find_fingerprint<'a>(
-        &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, store::Error>> {
-        self.inner
-            .find_fingerprint(tenant, tool, fingerprint, since)
-    }
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, store::Error>> {
-        self.inner.sweep(now, limit)
+    ) -> BoxFuture<'a, Result<SweepReport, store::Error>> {
+        self.inner.sweep(environment, now, limit)
     }
 }
 
