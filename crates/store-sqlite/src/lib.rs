@@ -299,7 +299,7 @@ impl Store for SqliteStore {
                 write::Guarded::Inserted => Claimed::Inserted(
                     Arc::try_unwrap(claim).map_or_else(|c| c.record.clone(), |c| c.record),
                 ),
-                write::Guarded::Existing(existing) => Claimed::Existing(read::record(existing)?),
+                write::Guarded::Existing(existing) => Claimed::Existing(read::record(*existing)?),
                 write::Guarded::Duplicate(other) => {
                     Claimed::DuplicateIntent(OperationKey::parse(&other).map_err(|e| {
                         Error::Corrupt(format!("stored key `{other}` is malformed: {e}"))

@@ -103,8 +103,9 @@ pub(crate) fn claim(tx: &mut Tx<'_>, claim: &Claim) -> Result<Option<Row>, Error
 pub(crate) enum Guarded {
     /// The claim inserted its row.
     Inserted,
-    /// The key already had a record: this row, as stored.
-    Existing(Row),
+    /// The key already had a record: this row, as stored. Boxed, being the rare answer and
+    /// far the largest.
+    Existing(Box<Row>),
     /// Another key holds the same request, recently: nothing was inserted.
     Duplicate(String),
 }
@@ -145,14 +146,14 @@ pub(crate) fn claim_unless_duplicate(
         // No duplicate: an ordinary claim, decided by the unique key.
         return Ok(match self::claim(tx, claim)? {
             None => Guarded::Inserted,
-            Some(existing) => Guarded::Existing(existing),
+            Some(existing) => Guarded::Existing(Box::new(existing)),
         });
     };
     // The key's own record comes first: a delivery of an operation that exists is answered by
     // its record, whatever else holds the same request. The check above runs first only
     // because, without a duplicate, the insert settles the key's existence by itself.
     match read::row_of(tx.statement(read::GET).context(what)?, key)? {
-        Some(existing) => Ok(Guarded::Existing(existing)),
+        Some(existing) => Ok(Guarded::Existing(Box::new(existing))),
         None => Ok(Guarded::Duplicate(other)),
     }
 }
