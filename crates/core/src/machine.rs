@@ -385,7 +385,9 @@ pub fn after_effect(contract: &Contract, outcome: EffectOutcome, prior: Prior) -
             },
             // This attempt was not processed; the earlier one may have been. Still ambiguous.
             Prior::MaybeSent => AfterEffect::Ambiguous {
-                reason: format!("an earlier attempt may have committed; the resend was not processed: {reason}"),
+                reason: format!(
+                    "an earlier attempt may have committed; the resend was not processed: {reason}"
+                ),
                 retry_after,
             },
         },
