@@ -198,7 +198,11 @@ impl Record {
     pub fn lease(&self) -> Option<&Lease> {
         match &self.state {
             RecordState::Pending { lease, .. } => Some(lease),
-            _ => None,
+            RecordState::AwaitingApproval { .. }
+            | RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Unknown(_)
+            | RecordState::Tombstone(_) => None,
         }
     }
 
@@ -218,9 +222,9 @@ impl Record {
     /// attempt (applied, refused, compacted). Only settled records expire.
     pub fn is_settled(&self) -> bool {
         match self.state {
-            RecordState::Applied(_) | RecordState::FailedPermanent(_) | RecordState::Tombstone(_) => {
-                true
-            }
+            RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Tombstone(_) => true,
             RecordState::Pending { .. }
             | RecordState::AwaitingApproval { .. }
             | RecordState::Unknown(_) => false,

@@ -127,7 +127,10 @@ pub(crate) struct EffectRules<'a> {
 }
 
 pub(crate) fn effect(rules: &EffectRules<'_>, reply: &Reply<'_>) -> EffectOutcome {
-    let ambiguous = |reason: String| EffectOutcome::Ambiguous { reason };
+    let ambiguous = |reason: String| EffectOutcome::Ambiguous {
+        reason,
+        retry_after: None,
+    };
     let (status, retry, body) = match reply {
         // Only a connection that was never made proves the request never left: release.
         Reply::Failed(Transport::NotConnected(e)) => {

@@ -52,7 +52,10 @@ fn small(record: &Record) -> bool {
                 && serde_json::to_writer(Budget(receipt.reference.len()), &receipt.result).is_ok()
         }
         RecordState::FailedPermanent(refusal) => refusal.message.len() <= MAX_RESULT_BYTES,
-        _ => false,
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval { .. }
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => false,
     }
 }
 
@@ -188,7 +191,7 @@ mod tests {
     fn keeps_nothing_that_can_still_change() {
         let settled = Settled::new(8);
         for state in [
-            RecordState::AwaitingApproval,
+            RecordState::AwaitingApproval { until: 0 },
             RecordState::Unknown(Evidence {
                 reason: "timed out".into(),
                 reference: None,
