@@ -252,7 +252,7 @@ fn summary(record: &Record) -> OperationSummary {
         } => Some(job_id.clone()),
         RecordState::Unknown(evidence) => evidence.job_id.clone(),
         RecordState::Pending { .. }
-        | RecordState::AwaitingApproval
+        | RecordState::AwaitingApproval { .. }
         | RecordState::Applied(_)
         | RecordState::FailedPermanent(_)
         | RecordState::Tombstone(_) => None,
@@ -464,7 +464,7 @@ pub async fn get_operation(
             result: r.result.clone(),
         }),
         RecordState::Pending { .. }
-        | RecordState::AwaitingApproval
+        | RecordState::AwaitingApproval { .. }
         | RecordState::FailedPermanent(_)
         | RecordState::Unknown(_)
         | RecordState::Tombstone(_) => None,
