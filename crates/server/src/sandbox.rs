@@ -103,14 +103,10 @@ impl Downstream for Sandbox {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         let workflow = request.key.workflow_id();
         let outcome = if workflow.starts_with("sandbox-timeout") {
-            EffectOutcome::Ambiguous {
-                reason: "timed out waiting for the sandbox".into(),
-            }
+            EffectOutcome::ambiguous("timed out waiting for the sandbox")
         } else if workflow.starts_with("sandbox-drop") {
             self.commit(request.key);
-            EffectOutcome::Ambiguous {
-                reason: "connection reset after the request was sent".into(),
-            }
+            EffectOutcome::ambiguous("connection reset after the request was sent")
         } else if workflow.starts_with("sandbox-refuse") {
             EffectOutcome::Refused(Refusal {
                 code: ErrorCode::DownstreamRejected,
