@@ -319,6 +319,7 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
         let recoverer = Recoverer::new(
             executor.clone(),
             Arc::new(One(contract.clone(), ledger.clone())),
+            "test",
         )
         .with_batch(1000);
         let mut total = 0;
