@@ -237,7 +237,9 @@ impl Downstream for HttpDownstream {
                 // again would fail the same way for ever: the job cannot be followed, and its
                 // outcome cannot be proved.
                 Err(FillError(m)) => {
-                    return JobStatus::Gone(format!("the job cannot be polled: {m}"));
+                    return JobStatus::Gone(format!(
+                        "the downstream's job id cannot be put in the poll URL: {m}"
+                    ));
                 }
             };
             let answer = exchange(builder).await;
@@ -448,6 +450,49 @@ retention:
                 assert!(!m.contains("s3cr3t"), "{arguments}: {m}");
             }
             _ => panic!("{arguments}: got {got:?}, expected {expect:?}"),
+        }
+    }
+
+    #[test]
+    fn a_job_id_that_would_move_the_poll_path_ends_the_job() {
+        let yaml = r#"name: reports.generate
+version: "1"
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    report_type: {type: string}
+request_fingerprint:
+  fields: [report_type]
+downstream:
+  deduplicates_by_key: true
+  async_jobs: true
+  http:
+    url: http://127.0.0.1:9/reports
+    reference: /report_id
+    job:
+      id: /job_id
+      poll_url: http://127.0.0.1:9/jobs/{job_id}
+      state: /status
+      reference: /report_id
+retention:
+  record_ttl: 1h
+  tombstone_ttl: 1d
+  max_retry_window: 1h
+"#;
+        let d = HttpDownstream::from_contract(&Contract::load(yaml, "test.yaml").unwrap()).unwrap();
+        let key = OperationKey::parse(KEY_STAND_IN).unwrap();
+        for job_id in ["..", ".", ""] {
+            // Refused before any request, so the future is ready at its first poll.
+            let mut poll = std::pin::pin!(d.poll_job(&key, job_id));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let std::task::Poll::Ready(status) = poll.as_mut().poll(&mut cx) else {
+                panic!("{job_id:?}: the poll went to the network");
+            };
+            assert!(
+                matches!(status, JobStatus::Gone(_)),
+                "{job_id:?}: {status:?}"
+            );
         }
     }
 
