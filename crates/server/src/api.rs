@@ -293,7 +293,7 @@ fn event_view(e: Event) -> EventView {
     tag = TAG,
     params(
         ("tool" = String, Path, description = "The tool's contract name, e.g. `tickets.create`.", example = "tickets.create"),
-        ("Idempotency-Key" = Option<String>, Header, description = "A structured-field string `\"<workflow_id>:<step_id>\"`, instead of the body's fields; a value without `:` names workflow_id = value, step_id = `-`."),
+        ("Idempotency-Key" = Option<String>, Header, description = "A structured-field string `\"<workflow_id>:<step_id>\"` (or the same unquoted: visible ASCII, no spaces or commas), instead of the body's fields; a value without `:`, such as a UUID, names workflow_id = value, step_id = `-`."),
         ("Prefer" = Option<String>, Header, description = "`wait=N`: wait up to N seconds for an in-flight operation to settle."),
     ),
     request_body(content = InvokeRequest, content_type = "application/json"),
