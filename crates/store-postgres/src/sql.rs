@@ -54,6 +54,13 @@
 //! - CockroachDB runs SERIALIZABLE and retries a conflicting single-statement transaction by
 //!   itself, so these statements carry over, at the price of retries under contention.
 //!
+//! The one exception to "one statement" is the claim under a duplicate-intent window, an
+//! explicit transaction of four statements ([`DUPLICATE_LOCK`], [`DUPLICATE`], [`CLAIM`],
+//! `COMMIT`): a check for another key's record cannot be made atomic with the insert by the
+//! unique key, so an advisory lock per request serialises the claims that could race, and the
+//! check runs as a statement of its own after the lock is granted, so that its snapshot holds
+//! the previous holder's commit.
+//!
 //! One subtlety of READ COMMITTED is handled in code, not SQL: the snapshot of a statement is
 //! taken when it starts, so in the claim statement the branch that reads the existing row may
 //! not see a row that a concurrent claim committed while this statement waited on the unique
