@@ -159,8 +159,9 @@ impl Store for MemStore {
             if let Some(existing) = tables.records.get(&record.key) {
                 return Ok(Claimed::Existing(existing.clone()));
             }
-            // Of several matches, the earliest created (then the smallest key), so the answer is
-            // the same on every run. Checked and inserted under one lock: atomic.
+            // Of several matches in the same tenant and environment, the earliest created (then
+            // the smallest key), so the answer is the same on every run. Checked and inserted
+            // under one lock: atomic.
             let duplicate = tables
                 .records
                 .values()
@@ -168,6 +169,7 @@ impl Store for MemStore {
                     r.intent_window
                         && r.key != record.key
                         && r.tenant() == record.tenant()
+                        && r.key.environment() == record.key.environment()
                         && r.tool == record.tool
                         && r.fingerprint == record.fingerprint
                         && r.created_at >= since

@@ -1375,7 +1375,7 @@ pub async fn duplicate_intent_names_the_earliest_match<S: Store>(store: S) {
     let arguments = json!({"title": "printer on fire", "priority": 1});
     let b = intent("acme:prod:wf-intent:b", &arguments, 1_000);
     let a = intent("acme:prod:wf-intent:a", &arguments, 1_000);
-    // The trait names tenant, tool and fingerprint: another environment of the tenant matches.
+    // Environments never mix: another environment of the tenant never matches.
     let staging = intent("acme:staging:wf-intent:e", &arguments, 1_200);
     let c = intent("acme:prod:wf-intent:c", &arguments, 2_000);
     let mut unwatched = intent("acme:prod:wf-intent:0", &arguments, 500);
@@ -1407,7 +1407,7 @@ pub async fn duplicate_intent_names_the_earliest_match<S: Store>(store: S) {
         r
     };
     let fresh = probe("acme:prod:wf-intent:new");
-    for (since, named) in [(0, &a), (1_000, &a), (1_001, &staging), (1_201, &c)] {
+    for (since, named) in [(0, &a), (1_000, &a), (1_001, &c), (1_201, &c)] {
         assert_eq!(
             claim_guarded(&store, &fresh, since).await,
             Claimed::DuplicateIntent(named.key.clone()),
@@ -1444,6 +1444,12 @@ pub async fn duplicate_intent_names_the_earliest_match<S: Store>(store: S) {
     assert_eq!(
         claim_guarded(&store, &probe("zeta:prod:wf-intent:y"), 0).await,
         Claimed::DuplicateIntent(other_tenant.key.clone())
+    );
+    let mut in_staging = probe("acme:staging:wf-intent:s2");
+    in_staging.created_at = 1_300;
+    assert_eq!(
+        claim_guarded(&store, &in_staging, 1_100).await,
+        Claimed::DuplicateIntent(staging.key.clone())
     );
     let lonely = probe("nobody:prod:wf-intent:x");
     assert_eq!(

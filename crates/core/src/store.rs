@@ -192,7 +192,7 @@ pub trait Store: Send + Sync + 'static {
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>>;
 
     /// Like [`Store::claim`], for a tool with a duplicate-intent window, atomically: when a
-    /// record of the same tenant and tool with the same fingerprint, claimed with
+    /// record of the same tenant, environment and tool with the same fingerprint, claimed with
     /// `intent_window`, under another key, created at or after `since` exists, nothing is
     /// inserted and its key is returned ([`Claimed::DuplicateIntent`]). The check and the insert
     /// are one step: two concurrent claims of one fingerprint under two keys never both insert.

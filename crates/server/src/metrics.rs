@@ -212,6 +212,12 @@ impl TimedDownstream {
 }
 
 impl Downstream for TimedDownstream {
+    // Passed through: the downstream's own check of the arguments must run before any claim,
+    // and a wrapper that fell back to the default would let a record be written first.
+    fn check(&self, arguments: &serde_json::Value) -> Result<(), String> {
+        self.inner.check(arguments)
+    }
+
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         Box::pin(async move {
             let started = Instant::now();

@@ -148,7 +148,7 @@ async fn applied_replayed_mismatch_unknown_reconcile_over_http() {
         invoke("tickets.create", AGENT, body("run_1", "Other")),
     )
     .await;
-    mismatch.assert_problem(422, "idempotency_key_reused_with_different_request");
+    mismatch.assert_problem_after_effect(422, "idempotency_key_reused_with_different_request");
     assert_eq!(
         tickets.downstream().effects(),
         1,
@@ -251,7 +251,7 @@ async fn a_lost_response_is_settled_by_the_receipt_and_concurrent_deliveries_mak
         invoke("tickets.create", AGENT, body("run_3", "a")),
     )
     .await;
-    revoked.assert_problem(403, "forbidden");
+    revoked.assert_problem_after_effect(403, "forbidden");
     tickets.auth_switch().unavailable();
     let closed = http(
         gate.addr,
@@ -434,11 +434,18 @@ retention:
         let r = http(gate.addr, invoke("tickets.create", AGENT, body)).await;
         r.assert_problem(400, "invalid_arguments");
         assert!(r.text.contains("account"), "names the argument: {}", r.text);
-        let key = idemgate_core::key::OperationKey::new("acme", ENV, &format!("run_{i}"), "s")
-            .unwrap();
-        assert!(store.get(&key).await.unwrap().is_none(), "no record for {account:?}");
+        let key =
+            idemgate_core::key::OperationKey::new("acme", ENV, &format!("run_{i}"), "s").unwrap();
+        assert!(
+            store.get(&key).await.unwrap().is_none(),
+            "no record for {account:?}"
+        );
     }
-    assert!(fake.requests().is_empty(), "nothing was sent: {:?}", fake.requests());
+    assert!(
+        fake.requests().is_empty(),
+        "nothing was sent: {:?}",
+        fake.requests()
+    );
     assert_eq!(fake.downstream().effects(), 0);
     gate.stop().await;
     fake.shutdown().await;

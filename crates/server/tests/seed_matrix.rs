@@ -349,7 +349,7 @@ async fn the_duplicate_intent_window_refuses_the_same_arguments_under_a_new_key(
         invoke("tickets.create", AGENT, ticket("run_b", "Refund")),
     )
     .await;
-    again.assert_problem(422, "possible_duplicate_intent");
+    again.assert_problem_after_effect(422, "possible_duplicate_intent");
     assert_eq!(again.json["next_action"], "ask_for_approval");
     assert_eq!(again.json["operation_key"], "acme:test:run_b:s");
     assert_eq!(again.header("idempotent-replayed"), None);
@@ -359,15 +359,17 @@ async fn the_duplicate_intent_window_refuses_the_same_arguments_under_a_new_key(
         "no effect for the duplicate"
     );
     assert_eq!(ticket_posts(&fake).len(), 1, "the fake never saw it");
-    let none = http(
+    // Held for an operator, not dropped: asking for approval leads somewhere.
+    let held = http(
         gate.addr,
         Call::get("/v1/operations/acme:test:run_b:s", AGENT),
     )
     .await;
+    assert_eq!(held.status, 200, "{}", held.text);
     assert_eq!(
-        none.status, 404,
-        "the refusal left no record: {}",
-        none.text
+        held.json["record_status"], "awaiting_approval",
+        "{}",
+        held.text
     );
 
     // The window holds the same fingerprint only.

@@ -580,6 +580,7 @@ async fn guarded(
     since: Millis,
 ) -> Result<(Claimed, bool), store::Error> {
     let request = sql::duplicate_lock_request(&row.tenant, &row.tool, &row.fingerprint);
+    let environment = record.key.environment().to_string();
     conn.run(Kind::Read, sql::DUPLICATE_LOCK, &[&request])
         .await?;
     let rows = conn
@@ -592,6 +593,7 @@ async fn guarded(
                 (&row.fingerprint, Type::TEXT),
                 (&since, Type::INT8),
                 (&row.key, Type::TEXT),
+                (&environment, Type::TEXT),
             ],
         )
         .await?;

@@ -362,11 +362,12 @@ pub(crate) fn duplicate_lock_request(tenant: &str, tool: &str, fingerprint: &str
 
 /// The duplicate-intent check: the earliest record (then the smallest key) of tenant `$1`,
 /// tool `$2` and fingerprint `$3`, created at or after `$4`, claimed with the window (the only
-/// records `operations_fingerprint` holds, migration 0003), under another key than `$5`.
+/// records `operations_fingerprint` holds, migration 0003), under another key than `$5`, in
+/// environment `$6` (environments never mix).
 pub(crate) const DUPLICATE: &str = "
     SELECT key FROM operations
     WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND created_at >= $4 AND intent_window
-      AND key <> $5
+      AND key <> $5 AND split_part(key, ':', 2) = $6
     ORDER BY created_at, key
     LIMIT 1";
 

@@ -198,6 +198,7 @@ async fn scans_by_environment_read_their_partial_indexes() {
                 "'sha256:00'",
                 "0",
                 "'acme:prod:wf:1'",
+                "'prod'",
             ],
             &["operations_fingerprint"],
         ),

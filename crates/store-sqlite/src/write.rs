@@ -111,13 +111,13 @@ pub(crate) enum Guarded {
 }
 
 /// The duplicate-intent check: the earliest record (then the smallest key) of the same tenant,
-/// tool and fingerprint, created at or after `?4`, claimed under a window, under another key
-/// than `?5`. It reads only `operations_fingerprint`, which holds only records claimed with the
+/// environment (`?6`: environments never mix), tool and fingerprint, created at or after `?4`,
+/// claimed under a window, under another key than `?5`. It reads only `operations_fingerprint`, which holds only records claimed with the
 /// window (migration 0004), and repeats that index's condition.
 pub(crate) const DUPLICATE: &str = "SELECT key FROM operations \
     INDEXED BY operations_fingerprint \
     WHERE tenant = ?1 AND tool = ?2 AND fingerprint = ?3 AND created_at >= ?4 \
-    AND intent_window AND key <> ?5 \
+    AND intent_window AND key <> ?5 AND environment = ?6 \
     ORDER BY created_at, key LIMIT 1";
 
 /// A claim that first checks for the same request under another key, as one command: the
@@ -137,7 +137,14 @@ pub(crate) fn claim_unless_duplicate(
         .statement(DUPLICATE)
         .context(what)?
         .query_row(
-            params![r.tenant, r.tool, r.fingerprint, since, r.key],
+            params![
+                r.tenant,
+                r.tool,
+                r.fingerprint,
+                since,
+                r.key,
+                key.environment()
+            ],
             |row| row.get(0),
         )
         .optional()

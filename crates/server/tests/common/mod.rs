@@ -141,8 +141,18 @@ impl Reply {
     pub fn code(&self) -> &str {
         self.json["error"]["code"].as_str().unwrap_or("")
     }
-    /// A rejection must be an RFC 9457 problem with the outcome fields.
+    /// A rejection must be an RFC 9457 problem with the outcome fields; one of a key that
+    /// provably had no effect, so safe to repeat.
     pub fn assert_problem(&self, status: u16, code: &str) {
+        self.assert_problem_with(status, code, true);
+    }
+
+    /// A rejection of a key whose effect happened (or may have): not safe to repeat.
+    pub fn assert_problem_after_effect(&self, status: u16, code: &str) {
+        self.assert_problem_with(status, code, false);
+    }
+
+    fn assert_problem_with(&self, status: u16, code: &str, safe: bool) {
         assert_eq!(self.status, status, "{}", self.text);
         assert_eq!(
             self.header("content-type"),
@@ -158,7 +168,7 @@ impl Reply {
         );
         assert_eq!(self.json["status"], status);
         assert_eq!(self.json["outcome"], "rejected");
-        assert_eq!(self.json["safe_to_repeat"], true);
+        assert_eq!(self.json["safe_to_repeat"], safe, "{}", self.text);
         assert_eq!(self.code(), code, "{}", self.text);
         assert_eq!(self.outcome(), "rejected");
     }
