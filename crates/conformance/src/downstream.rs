@@ -371,9 +371,7 @@ impl Downstream for FakeDownstream {
                     };
                 }
                 Some(Fault::Timeout) => {
-                    return EffectOutcome::Ambiguous {
-                        reason: reason::TIMEOUT.into(),
-                    };
+                    return EffectOutcome::ambiguous(reason::TIMEOUT);
                 }
                 Some(Fault::CommitThenDrop) => Plan::Commit(Answer::Ambiguous(reason::DROPPED)),
                 Some(Fault::CommitThenFail) => {
@@ -403,9 +401,7 @@ impl Downstream for FakeDownstream {
             self.inner.after_commit.pass().await;
             match answer {
                 Answer::Receipt => EffectOutcome::Committed(receipt),
-                Answer::Ambiguous(reason) => EffectOutcome::Ambiguous {
-                    reason: reason.into(),
-                },
+                Answer::Ambiguous(reason) => EffectOutcome::ambiguous(reason),
                 Answer::Slow(delay) => {
                     tokio::time::sleep(delay).await;
                     EffectOutcome::Committed(receipt)
@@ -520,9 +516,7 @@ mod tests {
     }
 
     fn ambiguous(reason: &str) -> EffectOutcome {
-        EffectOutcome::Ambiguous {
-            reason: reason.into(),
-        }
+        EffectOutcome::ambiguous(reason)
     }
 
     #[tokio::test]

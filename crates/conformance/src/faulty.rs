@@ -367,8 +367,8 @@ mod tests {
 
     use super::*;
     use crate::gate::bounded;
-    use idemgate_core::fingerprint::Fingerprint;
     use crate::mem::MemStore;
+    use idemgate_core::fingerprint::Fingerprint;
 
     fn key(step: &str) -> OperationKey {
         OperationKey::new("acme", "test", "wf", step).unwrap()
@@ -514,7 +514,7 @@ mod tests {
             status_in_inner(&store, "s1").await,
             Some(RecordStatus::Pending)
         );
-        assert!(store.sweep(0, 10).await.is_ok()); // write 4
+        assert!(store.sweep("test", 0, 10).await.is_ok()); // write 4
         assert_eq!((store.faults_fired(), store.faults_pending()), (1, 0));
         assert_eq!(store.writes(), 5);
     }

@@ -632,7 +632,10 @@ mod tests {
             ["expired", "released", "job", "approval"]
         );
         assert_eq!(due(200, None, 2).await, ["expired", "released"]);
-        assert_eq!(due(200, Some((120, "released")), 10).await, ["job", "approval"]);
+        assert_eq!(
+            due(200, Some((120, "released")), 10).await,
+            ["job", "approval"]
+        );
         assert_eq!(
             due(500, None, 10).await,
             ["expired", "released", "job", "approval", "live"]
@@ -706,10 +709,21 @@ mod tests {
             let store = store.clone();
             let mut r = pending(step, Some("w"), 100);
             r.created_at = 30;
-            async move { store.claim_unless_duplicate(r, vec![], since).await.unwrap() }
+            async move {
+                store
+                    .claim_unless_duplicate(r, vec![], since)
+                    .await
+                    .unwrap()
+            }
         };
-        assert_eq!(claim("new", 0).await, Claimed::DuplicateIntent(key("early")));
-        assert_eq!(claim("new", 11).await, Claimed::DuplicateIntent(key("late")));
+        assert_eq!(
+            claim("new", 0).await,
+            Claimed::DuplicateIntent(key("early"))
+        );
+        assert_eq!(
+            claim("new", 11).await,
+            Claimed::DuplicateIntent(key("late"))
+        );
         assert!(matches!(claim("new", 21).await, Claimed::Inserted(_)));
         // Its own key is no duplicate of itself: the existing record comes back.
         assert!(matches!(claim("early", 0).await, Claimed::Existing(_)));
@@ -750,7 +764,10 @@ mod tests {
         store.claim(elsewhere, vec![]).await.unwrap();
 
         // Just before expiry nothing happens.
-        assert_eq!(store.sweep("test", 999, 10).await, Ok(SweepReport::default()));
+        assert_eq!(
+            store.sweep("test", 999, 10).await,
+            Ok(SweepReport::default())
+        );
         let report = store.sweep("test", 1_000, 10).await.unwrap();
         assert_eq!(
             report,

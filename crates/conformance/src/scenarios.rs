@@ -16,12 +16,12 @@ use idemgate_core::effect::Authorization;
 use idemgate_core::outcome::{ErrorCode, NextAction, Status};
 use idemgate_core::record::{EventKind, RecordState, RecordStatus};
 use idemgate_core::store::Store;
-use idemgate_engine::{Recoverer, Resolution, Tools};
+use idemgate_engine::{Recoverer, Resolution, StatusRead, Tools};
 use serde_json::json;
 
 use crate::downstream::{FakeDownstream, Fault};
 use crate::faulty::Fault as StoreFault;
-use crate::harness::{Harness, Spec, key, op, ticket};
+use crate::harness::{ENVIRONMENT, Harness, Spec, key, op, ticket};
 
 /// The scenario list, written once. `scenario_tests!` turns it into test functions in a store's
 /// test file; inside this module it becomes [`all`], for runners that are not `cargo test`.
@@ -320,6 +320,7 @@ pub async fn crash_after_claim_recovered_by_recoverer(store: Arc<dyn Store>) {
     let recoverer = Recoverer::new(
         h.worker("recoverer"),
         Arc::new(OneTool(c.clone(), Arc::new(h.downstream.clone()))),
+        ENVIRONMENT,
     );
     let before = recoverer.run_once().await.unwrap();
     assert_eq!(before.examined, 0, "live leases are not recovered");
@@ -450,14 +451,31 @@ pub async fn duplicate_intent_window_flags_new_key(store: Arc<dyn Store>) {
     assert_eq!(again.status, Status::Rejected, "{again:?}");
     assert_eq!(again.error_code(), Some(ErrorCode::PossibleDuplicateIntent));
     assert_eq!(again.next_action, NextAction::AskForApproval);
-    assert!(h.record("s2").await.is_none());
-    assert_effects(&h, 1, "duplicate intent");
+    assert!(
+        !again.safe_to_repeat,
+        "the same request already ran: not safe to repeat"
+    );
+    // Held for an operator, not dropped: asking for approval leads somewhere.
+    assert_eq!(status_of(&h, "s2").await, RecordStatus::AwaitingApproval);
+    let repeat = h.deliver(&c, "s2", &ticket("Refund")).await;
+    assert_eq!(
+        (repeat.status, repeat.next_action),
+        (Status::InFlight, NextAction::AskForApproval)
+    );
+    assert_effects(&h, 1, "duplicate intent held");
+    let approved = h
+        .executor
+        .approve(&c, &key("s2"), "operator-7", None, &h.downstream)
+        .await
+        .expect("the held duplicate can be approved");
+    assert_eq!(approved.status, Status::Applied, "{approved:?}");
+    assert_effects(&h, 2, "a second effect an operator approved");
     h.clock.advance(11 * 60 * 1000);
     assert_eq!(
         h.deliver(&c, "s3", &ticket("Refund")).await.status,
         Status::Applied
     );
-    assert_effects(&h, 2, "after the window");
+    assert_effects(&h, 3, "after the window");
 }
 
 pub async fn revoked_authorization_denies_retry(store: Arc<dyn Store>) {
@@ -520,7 +538,7 @@ async fn after_retention(
     // Past record_ttl but not yet swept: the answer already follows the policy.
     h.clock.advance(3_600_000 + 1);
     let unswept = h.deliver(&c, "s1", &ticket("Refund")).await;
-    let report = h.executor.sweep(100).await.unwrap();
+    let report = h.executor.sweep(ENVIRONMENT, 100).await.unwrap();
     assert_eq!(report.compacted, 1, "{report:?}");
     let record = h.record("s1").await.unwrap();
     assert!(
@@ -549,7 +567,7 @@ pub async fn key_after_retention_follows_reject_policy(store: Arc<dyn Store>) {
     assert_effects(&h, 1, "late arrival under the reject policy");
     // After the tombstone itself is purged the record is gone, as the contract's retention says.
     h.clock.advance(86_400_000 + 1);
-    assert_eq!(h.executor.sweep(100).await.unwrap().purged, 1);
+    assert_eq!(h.executor.sweep(ENVIRONMENT, 100).await.unwrap().purged, 1);
     assert!(h.record("s1").await.is_none());
 }
 
@@ -592,12 +610,14 @@ pub async fn delayed_job_is_polled_to_completion(store: Arc<dyn Store>) {
     assert_eq!(h.downstream.calls(), 1);
     let receipt = h.downstream.complete_job(&job);
     // The status poll target advances the job by itself.
-    let (record, outcome) = h
+    let Some(StatusRead::Found { record, outcome }) = h
         .executor
-        .status(Some(&c), &key("s1"), Some(&h.downstream))
+        .status(Some(&c), &key("s1"), Some(&h.downstream), &op("s1").caller)
         .await
         .unwrap()
-        .unwrap();
+    else {
+        panic!("the status read finds the operation");
+    };
     assert_eq!(record.status(), RecordStatus::Applied);
     assert_eq!(
         outcome.effect_reference.as_deref(),
@@ -896,7 +916,7 @@ pub async fn denied_approval_is_final(store: Arc<dyn Store>) {
     );
     let denied = h
         .executor
-        .deny(&key("s1"), "operator-7", "not this customer")
+        .deny(&c, &key("s1"), "operator-7", "not this customer")
         .await
         .unwrap();
     assert_eq!(denied.error_code(), Some(ErrorCode::ApprovalDenied));

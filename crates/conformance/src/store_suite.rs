@@ -21,9 +21,7 @@ use idemgate_core::record::{
     Digest, Dispatch, Event, EventKind, Evidence, Lease, Millis, Receipt, Record, RecordState,
     RecordStatus, Refusal,
 };
-use idemgate_core::store::{
-    Cas, Claimed, Expect, Filter, RequestUpdate, Store, SweepReport, Transition,
-};
+use idemgate_core::store::{Cas, Claimed, Expect, Filter, RequestUpdate, Store, Transition};
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
@@ -54,10 +52,6 @@ where
     append_events_keeps_order(fresh().await).await;
     list_filters_and_pages(fresh().await).await;
     list_default_page(fresh().await).await;
-    recoverable_finds_expired_released_and_jobs(fresh().await).await;
-    find_fingerprint_respects_since(fresh().await).await;
-    sweep_compacts_and_purges(fresh().await).await;
-    sweep_respects_limit(fresh().await).await;
     every_state_round_trips(fresh().await).await;
 }
 
@@ -146,6 +140,7 @@ pub fn step(from: &Record, next: RecordState, now: Millis) -> Transition {
         request: RequestUpdate::Keep,
         approved_by: None,
         fingerprint: None,
+        expiry: None,
         events: Vec::new(),
         now,
     }
@@ -184,6 +179,7 @@ async fn claim_new<S: Store>(store: &S, record: &Record, events: Vec<Event>) {
     {
         Claimed::Inserted(inserted) => assert_eq!(&inserted, record),
         Claimed::Existing(existing) => panic!("{} already existed: {existing:?}", record.key),
+        Claimed::DuplicateIntent(other) => panic!("a plain claim answered a duplicate of {other}"),
     }
 }
 
@@ -263,6 +259,9 @@ pub async fn concurrent_claims_insert_once<S: Store>(store: S) {
         match answer.expect("a claimant panicked") {
             Claimed::Inserted(r) => inserted.push(r),
             Claimed::Existing(r) => existing.push(r),
+            Claimed::DuplicateIntent(other) => {
+                panic!("a plain claim answered a duplicate of {other}")
+            }
         }
     }
     assert_eq!(inserted.len(), 1, "exactly one claim inserts");
@@ -520,7 +519,10 @@ pub async fn request_update_keep_clear_set<S: Store>(store: S) {
 
 /// `approved_by` and `fingerprint` are written only when the transition carries them.
 pub async fn approver_and_fingerprint_replacement<S: Store>(store: S) {
-    let waiting = record("acme:prod:wf-approve:s1", RecordState::AwaitingApproval);
+    let waiting = record(
+        "acme:prod:wf-approve:s1",
+        RecordState::AwaitingApproval { until: 500 },
+    );
     claim_new(&store, &waiting, Vec::new()).await;
 
     let mut approve = step(&waiting, pending("w1", 40_000), 10_000);
@@ -818,428 +820,6 @@ pub async fn list_default_page<S: Store>(store: S) {
     assert_eq!(everything.len(), RECORDS);
 }
 
-/// The recoverer's view: pending records whose lease expired by `now`, released claims and
-/// accepted jobs; oldest update first; at most `limit`.
-pub async fn recoverable_finds_expired_released_and_jobs<S: Store>(store: S) {
-    let at = |key_text: &str, state: RecordState, updated_at: Millis| {
-        let mut r = record(key_text, state);
-        r.updated_at = updated_at;
-        r
-    };
-    let expired = at("acme:prod:wf-recover:expired", pending("w1", 1_000), 50);
-    let boundary = at("acme:prod:wf-recover:boundary", pending("w1", 1_001), 5);
-    let live = at("acme:prod:wf-recover:live", pending("w1", 5_000), 1);
-    let job = at(
-        "acme:prod:wf-recover:job",
-        RecordState::Pending {
-            lease: Lease {
-                owner: Some("w1".into()),
-                expires_at: 9_000,
-            },
-            dispatch: Dispatch::Job {
-                job_id: "job-7".into(),
-            },
-        },
-        10,
-    );
-    let released = at(
-        "acme:prod:wf-recover:released",
-        RecordState::Pending {
-            // Released with time left on the clock: no owner is what makes it recoverable.
-            lease: Lease {
-                owner: None,
-                expires_at: 50_000,
-            },
-            dispatch: Dispatch::NotSent,
-        },
-        30,
-    );
-    let sent = at(
-        "zeta:prod:wf-recover:sent",
-        RecordState::Pending {
-            lease: Lease {
-                owner: Some("w9".into()),
-                expires_at: 500,
-            },
-            dispatch: Dispatch::Sent,
-        },
-        40,
-    );
-    let unknown = at(
-        "acme:prod:wf-recover:unknown",
-        RecordState::Unknown(Evidence {
-            reason: "timeout".into(),
-            reference: None,
-            job_id: Some("job-8".into()),
-        }),
-        0,
-    );
-    let done_already = at("acme:prod:wf-recover:applied", applied("t"), 0);
-    let waiting = at(
-        "acme:prod:wf-recover:waiting",
-        RecordState::AwaitingApproval,
-        0,
-    );
-    for r in [
-        &expired,
-        &boundary,
-        &live,
-        &job,
-        &released,
-        &sent,
-        &unknown,
-        &done_already,
-        &waiting,
-    ] {
-        claim_new(&store, r, Vec::new()).await;
-    }
-
-    let found = store
-        .recoverable(1_000, 10)
-        .await
-        .expect("recoverable succeeds");
-    assert_eq!(
-        keys(&found),
-        keys(&[job.clone(), released.clone(), sent.clone(), expired.clone()])
-    );
-    assert_eq!(found[0], job);
-    let first_two = store
-        .recoverable(1_000, 2)
-        .await
-        .expect("recoverable succeeds");
-    assert_eq!(keys(&first_two), keys(&[job.clone(), released.clone()]));
-    let later = store
-        .recoverable(1_001, 10)
-        .await
-        .expect("recoverable succeeds");
-    assert_eq!(
-        keys(&later),
-        keys(&[boundary, job, released, sent, expired])
-    );
-}
-
-/// A fingerprint is found only in its tenant and tool, only at or after `since`, and only in
-/// records claimed with a duplicate-intent window.
-pub async fn find_fingerprint_respects_since<S: Store>(store: S) {
-    let arguments = json!({"title": "printer on fire", "priority": 1});
-    let fp = fingerprint(&arguments);
-    let mut first = record("acme:prod:wf-intent:s1", applied("ticket-1"));
-    first.fingerprint = fp.clone();
-    first.created_at = 1_000;
-    claim_new(&store, &first, Vec::new()).await;
-    let mut other_tool = record("acme:prod:wf-intent:s2", applied("refund-1"));
-    other_tool.fingerprint = fp.clone();
-    other_tool.tool = OTHER_TOOL.into();
-    other_tool.created_at = 3_000;
-    claim_new(&store, &other_tool, Vec::new()).await;
-    let mut other_tenant = record("zeta:prod:wf-intent:s1", applied("ticket-2"));
-    other_tenant.fingerprint = fp.clone();
-    other_tenant.created_at = 3_000;
-    claim_new(&store, &other_tenant, Vec::new()).await;
-
-    let find = |tenant: &'static str, tool: &'static str, fingerprint: Fingerprint, since| {
-        let store = &store;
-        async move {
-            store
-                .find_fingerprint(tenant, tool, &fingerprint, since)
-                .await
-                .expect("find_fingerprint succeeds")
-        }
-    };
-    assert_eq!(
-        find("acme", TOOL, fp.clone(), 500).await,
-        Some(first.key.clone())
-    );
-    assert_eq!(
-        find("acme", TOOL, fp.clone(), 1_000).await,
-        Some(first.key.clone())
-    );
-    assert_eq!(find("acme", TOOL, fp.clone(), 1_001).await, None);
-    assert_eq!(
-        find("acme", OTHER_TOOL, fp.clone(), 2_000).await,
-        Some(other_tool.key.clone())
-    );
-    assert_eq!(
-        find("zeta", TOOL, fp.clone(), 0).await,
-        Some(other_tenant.key.clone())
-    );
-    assert_eq!(find("nobody", TOOL, fp.clone(), 0).await, None);
-    let different = fingerprint(&json!({"title": "printer on fire", "priority": 2}));
-    assert_eq!(find("acme", TOOL, different, 0).await, None);
-
-    // Of several matches, the earliest created.
-    let mut later = record("acme:prod:wf-intent:s0", applied("ticket-3"));
-    later.fingerprint = fp.clone();
-    later.created_at = 2_000;
-    claim_new(&store, &later, Vec::new()).await;
-    assert_eq!(
-        find("acme", TOOL, fp.clone(), 0).await,
-        Some(first.key.clone())
-    );
-    assert_eq!(
-        find("acme", TOOL, fp.clone(), 1_001).await,
-        Some(later.key.clone())
-    );
-
-    // A record claimed without a duplicate-intent window is not found, even an earlier one.
-    let mut unwatched = record("acme:prod:wf-intent:s3", applied("ticket-4"));
-    unwatched.fingerprint = fp.clone();
-    unwatched.created_at = 1_500;
-    unwatched.intent_window = false;
-    claim_new(&store, &unwatched, Vec::new()).await;
-    assert_eq!(find("acme", TOOL, fp, 1_001).await, Some(later.key.clone()));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Retention.
-
-/// Terminal records past `expires_at` become tombstones that keep only the reference or the
-/// refusal code; tombstones past `purge_at` go with their trace; pending and unknown records
-/// are never swept, however old.
-pub async fn sweep_compacts_and_purges<S: Store>(store: S) {
-    const NOW: Millis = 10_000;
-    let due = |key_text: &str, state: RecordState, expires_at: Millis, purge_at: Millis| {
-        let mut r = record(key_text, state);
-        r.expires_at = expires_at;
-        r.purge_at = purge_at;
-        r.fence = 3;
-        r
-    };
-    let refusal = Refusal {
-        code: ErrorCode::DownstreamRejected,
-        message: "customer account closed".into(),
-    };
-    let done_record = due(
-        "acme:prod:wf-sweep:applied",
-        applied("ticket-1"),
-        9_000,
-        50_000,
-    );
-    let failed = due(
-        "acme:prod:wf-sweep:failed",
-        RecordState::FailedPermanent(refusal.clone()),
-        9_500,
-        50_000,
-    );
-    let waiting = due(
-        "acme:prod:wf-sweep:waiting",
-        RecordState::AwaitingApproval,
-        NOW,
-        50_000,
-    );
-    let fresh = due(
-        "acme:prod:wf-sweep:fresh",
-        applied("ticket-2"),
-        NOW + 1,
-        50_000,
-    );
-    let in_flight = due("acme:prod:wf-sweep:pending", pending("w1", 0), 0, 0);
-    let unknown = due(
-        "acme:prod:wf-sweep:unknown",
-        RecordState::Unknown(Evidence {
-            reason: "timeout".into(),
-            reference: Some("maybe-1".into()),
-            job_id: None,
-        }),
-        0,
-        0,
-    );
-    let old = due(
-        "acme:prod:wf-sweep:old",
-        RecordState::Tombstone(Digest {
-            reference: Some("ticket-0".into()),
-            refusal: None,
-        }),
-        0,
-        9_000,
-    );
-    let young = due(
-        "acme:prod:wf-sweep:young",
-        RecordState::Tombstone(Digest {
-            reference: Some("ticket-00".into()),
-            refusal: None,
-        }),
-        0,
-        NOW + 1,
-    );
-    // Both due dates passed: compacted by this sweep, purged only by the next one.
-    let both = due("acme:prod:wf-sweep:both", applied("ticket-b"), 1_000, 2_000);
-    let records = [
-        &done_record,
-        &failed,
-        &waiting,
-        &fresh,
-        &in_flight,
-        &unknown,
-        &old,
-        &young,
-        &both,
-    ];
-    for r in records {
-        claim_new(&store, r, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
-    }
-
-    let report = store.sweep(NOW, 100).await.expect("sweep succeeds");
-    assert_eq!(
-        report,
-        SweepReport {
-            compacted: 4,
-            purged: 1
-        }
-    );
-
-    let expect_tombstone = |from: &Record, digest: Digest| {
-        let store = &store;
-        let from = from.clone();
-        async move {
-            let now = stored(store, &from.key).await;
-            let mut expected = from.clone();
-            expected.state = RecordState::Tombstone(digest);
-            expected.request = None;
-            // When a compaction counts as an update is the store's business.
-            expected.updated_at = now.updated_at;
-            assert_eq!(now, expected);
-            let events = trace(store, &from.key).await;
-            assert_eq!(events.len(), 2, "{}: {events:?}", from.key);
-            let expired = &events[1];
-            assert_eq!(
-                (
-                    expired.kind,
-                    expired.at,
-                    expired.attempt,
-                    expired.worker.as_str()
-                ),
-                (EventKind::Expired, NOW, 3, SWEEPER)
-            );
-        }
-    };
-    expect_tombstone(
-        &done_record,
-        Digest {
-            reference: Some("ticket-1".into()),
-            refusal: None,
-        },
-    )
-    .await;
-    expect_tombstone(
-        &failed,
-        Digest {
-            reference: None,
-            refusal: Some(ErrorCode::DownstreamRejected),
-        },
-    )
-    .await;
-    expect_tombstone(
-        &waiting,
-        Digest {
-            reference: None,
-            refusal: None,
-        },
-    )
-    .await;
-    expect_tombstone(
-        &both,
-        Digest {
-            reference: Some("ticket-b".into()),
-            refusal: None,
-        },
-    )
-    .await;
-    for untouched in [&fresh, &in_flight, &unknown, &young] {
-        assert_eq!(&stored(&store, &untouched.key).await, untouched);
-        assert_eq!(trace(&store, &untouched.key).await.len(), 1);
-    }
-    assert_eq!(store.get(&old.key).await.expect("get succeeds"), None);
-    assert_eq!(
-        trace(&store, &old.key).await,
-        Vec::new(),
-        "a purge takes the trace too"
-    );
-
-    let second = store.sweep(NOW, 100).await.expect("sweep succeeds");
-    assert_eq!(
-        second,
-        SweepReport {
-            compacted: 0,
-            purged: 1
-        },
-        "the tombstone of `both`"
-    );
-    assert_eq!(store.get(&both.key).await.expect("get succeeds"), None);
-    assert_eq!(trace(&store, &both.key).await, Vec::new());
-
-    // Far in the future: everything left that may go, goes; pending and unknown stay.
-    let last = store.sweep(1_000_000, 100).await.expect("sweep succeeds");
-    assert_eq!(
-        last,
-        SweepReport {
-            compacted: 1,
-            purged: 4
-        }
-    );
-    let left = store.list(Filter::default()).await.expect("list succeeds");
-    assert_eq!(keys(&left), keys(&[fresh, in_flight, unknown]));
-    assert_eq!(left[1].status(), RecordStatus::Pending);
-    assert_eq!(left[2].status(), RecordStatus::Unknown);
-}
-
-/// A sweep touches at most `limit` records of each kind, the oldest first.
-pub async fn sweep_respects_limit<S: Store>(store: S) {
-    for i in 0..3 {
-        let mut r = record(&format!("acme:prod:wf-limit:applied{i}"), applied("t"));
-        r.expires_at = 100 + i;
-        claim_new(&store, &r, Vec::new()).await;
-    }
-    for i in 0..3 {
-        let mut r = record(
-            &format!("acme:prod:wf-limit:tomb{i}"),
-            RecordState::Tombstone(Digest {
-                reference: None,
-                refusal: None,
-            }),
-        );
-        r.purge_at = 300 - i;
-        claim_new(&store, &r, Vec::new()).await;
-    }
-    let first = store.sweep(1_000, 2).await.expect("sweep succeeds");
-    assert_eq!(
-        first,
-        SweepReport {
-            compacted: 2,
-            purged: 2
-        }
-    );
-    let gone = |name: &str| {
-        let store = &store;
-        let key = key(&format!("acme:prod:wf-limit:{name}"));
-        async move { store.get(&key).await.expect("get succeeds").is_none() }
-    };
-    assert!(gone("tomb2").await && gone("tomb1").await && !gone("tomb0").await);
-    let status = |name: &str| {
-        let store = &store;
-        let key = key(&format!("acme:prod:wf-limit:{name}"));
-        async move { stored(store, &key).await.status() }
-    };
-    assert_eq!(status("applied0").await, RecordStatus::Tombstone);
-    assert_eq!(status("applied1").await, RecordStatus::Tombstone);
-    assert_eq!(status("applied2").await, RecordStatus::Applied);
-
-    let nothing = store.sweep(1_000, 0).await.expect("sweep succeeds");
-    assert_eq!(
-        nothing,
-        SweepReport::default(),
-        "a limit of 0 sweeps nothing"
-    );
-    let rest = store.sweep(1_000, 2).await.expect("sweep succeeds");
-    assert_eq!(
-        rest,
-        SweepReport {
-            compacted: 1,
-            purged: 1
-        }
-    );
-}
-
 /// Every state comes back from the store exactly as it went in, whether claimed with it or
 /// reached by a transition.
 pub async fn every_state_round_trips<S: Store>(store: S) {
@@ -1261,7 +841,7 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
                 job_id: "job-7".into(),
             },
         },
-        RecordState::AwaitingApproval,
+        RecordState::AwaitingApproval { until: 900 },
         RecordState::Applied(Receipt {
             reference: "ticket_1".into(),
             result: json!({"id": 1, "nested": {"list": [1, "two", null, true]}, "text": "é ✓"}),
@@ -1288,14 +868,13 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
             reference: Some("ref-9".into()),
             job_id: None,
         }),
-        RecordState::Tombstone(Digest {
-            reference: Some("ticket_1".into()),
-            refusal: None,
+        RecordState::Tombstone(Digest::Applied {
+            reference: "ticket_1".into(),
         }),
-        RecordState::Tombstone(Digest {
-            reference: None,
-            refusal: Some(ErrorCode::DownstreamRejected),
+        RecordState::Tombstone(Digest::Refused {
+            code: ErrorCode::DownstreamRejected,
         }),
+        RecordState::Tombstone(Digest::NeverRan),
     ];
     for (i, state) in states.iter().enumerate() {
         let mut claimed = record(&format!("acme:prod:wf-states:c{i}"), state.clone());

@@ -385,7 +385,9 @@ pub fn after_effect(contract: &Contract, outcome: EffectOutcome, prior: Prior) -
             },
             // This attempt was not processed; the earlier one may have been. Still ambiguous.
             Prior::MaybeSent => AfterEffect::Ambiguous {
-                reason: format!("an earlier attempt may have committed; the resend was not processed: {reason}"),
+                reason: format!(
+                    "an earlier attempt may have committed; the resend was not processed: {reason}"
+                ),
                 retry_after,
             },
         },
@@ -410,8 +412,12 @@ pub fn status_outcome(contract: Option<&Contract>, record: &Record, now: Millis)
         RecordState::Pending { lease, dispatch } => {
             let wait = ((lease.expires_at - now).max(0) + 999) / 1000;
             let wait = match (dispatch, &lease.owner) {
-                (Dispatch::Job { .. }, _) => (wait as u64).clamp(1, JOB_POLL_SECONDS),
-                (Dispatch::NotSent | Dispatch::Sent, Some(_)) => (wait as u64).max(1),
+                // A job's lease is its next poll; the caller may poll it as often as this.
+                (Dispatch::Job { .. }, _) => JOB_POLL_SECONDS,
+                // Never more often than a job, and no sooner than the lease ends.
+                (Dispatch::NotSent | Dispatch::Sent, Some(_)) => {
+                    (wait as u64).max(JOB_POLL_SECONDS)
+                }
                 // A released claim waits for a new delivery, not for time.
                 (Dispatch::NotSent | Dispatch::Sent, None) => 1,
             };

@@ -218,9 +218,9 @@ impl Record {
     /// attempt (applied, refused, compacted). Only settled records expire.
     pub fn is_settled(&self) -> bool {
         match self.state {
-            RecordState::Applied(_) | RecordState::FailedPermanent(_) | RecordState::Tombstone(_) => {
-                true
-            }
+            RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Tombstone(_) => true,
             RecordState::Pending { .. }
             | RecordState::AwaitingApproval { .. }
             | RecordState::Unknown(_) => false,

@@ -83,9 +83,7 @@ pub fn new_record(
     hold: &Hold,
     at: At<'_>,
 ) -> (Record, Vec<Event>) {
-    let until = at
-        .now
-        .saturating_add(contract.approval_window().millis());
+    let until = at.now.saturating_add(contract.approval_window().millis());
     let state = match hold {
         Hold::No => RecordState::Pending {
             lease: at.lease(contract),
@@ -95,7 +93,8 @@ pub fn new_record(
     };
     let mut events = vec![
         at.event(EventKind::Proposed, 1),
-        at.event(EventKind::Validated, 1).with_detail(fingerprint.as_str()),
+        at.event(EventKind::Validated, 1)
+            .with_detail(fingerprint.as_str()),
         at.event(EventKind::Claimed, 1),
     ];
     match hold {
@@ -231,7 +230,10 @@ fn job_of(record: &Record) -> Option<String> {
 
 /// The dispatch marker: durable before the first byte leaves.
 pub fn mark_sent(record: &Record, at: At<'_>) -> Transition {
-    let lease = record.lease().cloned().unwrap_or_else(|| at.lease_until(at.now));
+    let lease = record
+        .lease()
+        .cloned()
+        .unwrap_or_else(|| at.lease_until(at.now));
     same_attempt(
         record,
         RecordState::Pending {
@@ -408,7 +410,10 @@ pub fn defer(
     );
     // The lease being pushed may be another worker's that expired: it must still be expired,
     // so that a live owner's renewal wins.
-    if record.lease().is_some_and(|l| l.owner.as_deref() != Some(at.worker)) {
+    if record
+        .lease()
+        .is_some_and(|l| l.owner.as_deref() != Some(at.worker))
+    {
         t.expect.lease_expired_by = Some(at.now);
     }
     t
@@ -459,8 +464,10 @@ pub fn take_over(
             lease: at.lease(contract),
             dispatch: dispatch_of(record),
         },
-        vec![at.event(EventKind::Recovered, record.fence + 1)
-            .with_detail(format!("took over attempt {}", record.fence))],
+        vec![
+            at.event(EventKind::Recovered, record.fence + 1)
+                .with_detail(format!("took over attempt {}", record.fence)),
+        ],
         at,
     );
     if let (None, Some(arguments), Dispatch::NotSent) = (&record.request, fill, dispatch_of(record))
@@ -478,8 +485,10 @@ pub fn approve(record: &Record, contract: &Contract, approver: &str, at: At<'_>)
             lease: at.lease(contract),
             dispatch: Dispatch::NotSent,
         },
-        vec![at.event(EventKind::Approved, record.fence + 1)
-            .with_detail(format!("by {approver}"))],
+        vec![
+            at.event(EventKind::Approved, record.fence + 1)
+                .with_detail(format!("by {approver}")),
+        ],
         at,
     );
     t.approved_by = Some(approver.to_string());
@@ -504,8 +513,10 @@ pub fn resolve_not_applied(
             },
             dispatch: Dispatch::NotSent,
         },
-        vec![at.event(EventKind::Reconciled, record.fence + 1)
-            .with_detail(format!("not applied, by {actor}"))],
+        vec![
+            at.event(EventKind::Reconciled, record.fence + 1)
+                .with_detail(format!("not applied, by {actor}")),
+        ],
         at,
     )
 }
@@ -525,8 +536,10 @@ pub fn deny(
         code: ErrorCode::ApprovalDenied,
         message: format!("denied by an operator: {reason}"),
     };
-    let events = vec![at.event(EventKind::Denied, record.fence)
-        .with_detail(format!("by {approver}"))];
+    let events = vec![
+        at.event(EventKind::Denied, record.fence)
+            .with_detail(format!("by {approver}")),
+    ];
     settle(
         record,
         contract,
@@ -549,8 +562,10 @@ pub fn approval_expired(contract: &Contract) -> Refusal {
 
 /// An approval that waited past its window expires as a refusal: nothing ran.
 pub fn expire_approval(record: &Record, contract: &Contract, at: At<'_>) -> Transition {
-    let events = vec![at.event(EventKind::Expired, record.fence)
-        .with_detail("approval window passed; nothing ran")];
+    let events = vec![
+        at.event(EventKind::Expired, record.fence)
+            .with_detail("approval window passed; nothing ran"),
+    ];
     settle(
         record,
         contract,
@@ -563,8 +578,10 @@ pub fn expire_approval(record: &Record, contract: &Contract, at: At<'_>) -> Tran
 /// A claim that provably never sent anything and that nothing took up within the retry
 /// window: a tombstone that remembers it never ran.
 pub fn expire_unsent(record: &Record, contract: &Contract, at: At<'_>) -> Transition {
-    let events = vec![at.event(EventKind::Expired, record.fence)
-        .with_detail("never ran; the retry window passed")];
+    let events = vec![
+        at.event(EventKind::Expired, record.fence)
+            .with_detail("never ran; the retry window passed"),
+    ];
     let mut t = same_attempt(
         record,
         RecordState::Tombstone(Digest::NeverRan),
@@ -589,8 +606,10 @@ pub fn resolve_applied(
     actor: &str,
     at: At<'_>,
 ) -> Transition {
-    let events = vec![at.event(EventKind::Reconciled, record.fence)
-        .with_detail(format!("applied as {} by {actor}", receipt.reference))];
+    let events = vec![
+        at.event(EventKind::Reconciled, record.fence)
+            .with_detail(format!("applied as {} by {actor}", receipt.reference)),
+    ];
     settle(record, contract, RecordState::Applied(receipt), events, at)
 }
 
@@ -602,24 +621,35 @@ pub fn reconciled_by_lookup(
     actor: &str,
     at: At<'_>,
 ) -> Transition {
-    let events = vec![at.event(EventKind::Reconciled, record.fence)
-        .with_detail(format!("receipt {} found by {actor}", receipt.reference))];
+    let events = vec![
+        at.event(EventKind::Reconciled, record.fence)
+            .with_detail(format!("receipt {} found by {actor}", receipt.reference)),
+    ];
     settle(record, contract, RecordState::Applied(receipt), events, at)
 }
 
 /// A polled job finished.
 pub fn job_done(record: &Record, contract: &Contract, receipt: Receipt, at: At<'_>) -> Transition {
     let job = job_of(record).unwrap_or_default();
-    let events = vec![at.event(EventKind::Acknowledged, record.fence)
-        .with_detail(format!("job {job} done: {}", receipt.reference))];
+    let events = vec![
+        at.event(EventKind::Acknowledged, record.fence)
+            .with_detail(format!("job {job} done: {}", receipt.reference)),
+    ];
     settle(record, contract, RecordState::Applied(receipt), events, at)
 }
 
 /// A polled job failed: a refusal.
-pub fn job_failed(record: &Record, contract: &Contract, refusal: Refusal, at: At<'_>) -> Transition {
+pub fn job_failed(
+    record: &Record,
+    contract: &Contract,
+    refusal: Refusal,
+    at: At<'_>,
+) -> Transition {
     let job = job_of(record).unwrap_or_default();
-    let events = vec![at.event(EventKind::Failed, record.fence)
-        .with_detail(format!("job {job} failed: {}", refusal.code.as_str()))];
+    let events = vec![
+        at.event(EventKind::Failed, record.fence)
+            .with_detail(format!("job {job} failed: {}", refusal.code.as_str())),
+    ];
     settle(
         record,
         contract,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::EffectOutcome;
-use idemgate_core::machine::{self, AfterEffect, Branch, Miss, Recovery};
+use idemgate_core::machine::{self, AfterEffect, Bounds, Branch, Miss, Prior, Recovery};
 use idemgate_core::outcome::{ErrorCode, Outcome, Status};
 use idemgate_core::record::{
     Digest, Dispatch, Evidence, Lease, Millis, Receipt, Record, RecordState, Refusal,
@@ -120,10 +120,19 @@ fn unknown(reason: &str, reference: Option<&str>) -> RecordState {
 }
 
 fn tombstone(reference: Option<&str>, refused: Option<ErrorCode>) -> RecordState {
-    RecordState::Tombstone(Digest {
-        reference: reference.map(str::to_string),
-        refusal: refused,
+    RecordState::Tombstone(match (reference, refused) {
+        (Some(reference), _) => Digest::Applied {
+            reference: reference.into(),
+        },
+        (None, Some(code)) => Digest::Refused { code },
+        (None, None) => Digest::NeverRan,
     })
+}
+
+fn awaiting(ms_left: Millis) -> RecordState {
+    RecordState::AwaitingApproval {
+        until: NOW + ms_left,
+    }
 }
 
 fn snake<T: serde::Serialize>(v: T) -> String {
@@ -134,13 +143,18 @@ fn snake<T: serde::Serialize>(v: T) -> String {
         .to_string()
 }
 
-/// `status [next=..] [retry=..] [ref=..] [code=..] [result=..]`, checking on the way the rules
-/// every outcome keeps: the operation key is the record's, and only a rejection is safe to
-/// repeat.
+/// `status [unsafe] [next=..] [retry=..] [ref=..] [code=..] [result=..]`, checking on the way
+/// the rules every outcome keeps: the operation key is the record's, and only a rejection may
+/// be safe to repeat — `unsafe` marks a rejection that is not (its key may have had an effect).
 fn show(o: &Outcome) -> String {
     assert_eq!(o.operation_key.as_ref(), Some(&key()), "{o:?}");
-    assert_eq!(o.safe_to_repeat, o.status == Status::Rejected, "{o:?}");
+    if o.status != Status::Rejected {
+        assert!(!o.safe_to_repeat, "{o:?}");
+    }
     let mut s = snake(o.status);
+    if o.status == Status::Rejected && !o.safe_to_repeat {
+        s += " unsafe";
+    }
     if snake(o.next_action) != "none" {
         s += &format!(" next={}", snake(o.next_action));
     }
@@ -166,6 +180,7 @@ fn show_branch(b: &Branch) -> String {
         Branch::Wait(o) => format!("wait: {}", show(o)),
         Branch::PollJob { job_id } => format!("poll_job {job_id}"),
         Branch::Recover => "recover".into(),
+        Branch::ExpireApproval => "expire_approval".into(),
         Branch::Unknown(o) => format!("unknown: {}", show(o)),
     }
 }
@@ -199,12 +214,12 @@ fn branch_table() {
     check(
         &t,
         expired(record(&t, applied("ticket_1042")), 0),
-        "refuse: rejected next=inspect_operation ref=ticket_1042 code=expired_operation",
+        "refuse: rejected unsafe next=inspect_operation ref=ticket_1042 code=expired_operation",
     );
     check(
         &t,
         expired(record(&t, applied("ticket_1042")), 1),
-        "refuse: rejected next=inspect_operation ref=ticket_1042 code=expired_operation",
+        "refuse: rejected unsafe next=inspect_operation ref=ticket_1042 code=expired_operation",
     );
     check(
         &e,
@@ -293,12 +308,13 @@ fn branch_table() {
         "poll_job job-8",
     );
 
-    // Awaiting approval: wait, and say that a person is needed.
+    // Awaiting approval: wait, and say that a person is needed; at its deadline, it expires.
     check(
         &t,
-        record(&t, RecordState::AwaitingApproval),
+        record(&t, awaiting(1)),
         "wait: in_flight next=ask_for_approval retry=30",
     );
+    check(&t, record(&t, awaiting(0)), "expire_approval");
     // Unknown: unknown, to reconciliation, with whatever reference is known.
     check(
         &t,
@@ -311,17 +327,20 @@ fn branch_table() {
         "unknown: unknown next=reconcile ref=ticket_77 code=outcome_unknown",
     );
 
-    // Tombstones follow the contract's late-arrival policy; a compacted refusal stays one.
+    // Tombstones follow the contract's late-arrival policy; a compacted refusal stays one, and
+    // an operation that never ran is never `replayed`, whatever the policy.
     check(
         &t,
         record(&t, tombstone(Some("ticket_1042"), None)),
-        "refuse: rejected next=inspect_operation ref=ticket_1042 code=expired_operation",
+        "refuse: rejected unsafe next=inspect_operation ref=ticket_1042 code=expired_operation",
     );
-    check(
-        &t,
-        record(&t, tombstone(None, None)),
-        "refuse: rejected next=inspect_operation code=expired_operation",
-    );
+    for c in [&t, &e, &rc] {
+        check(
+            c,
+            record(c, tombstone(None, None)),
+            "refuse: rejected next=inspect_operation code=expired_operation",
+        );
+    }
     check(
         &e,
         record(&e, tombstone(Some("msg_9"), None)),
@@ -348,22 +367,33 @@ fn a_fingerprint_mismatch_is_decided_before_any_state() {
         &t,
         r#"{"queue_id":"support","subject":"Refund request","body":"A different body."}"#,
     );
+    // Each state, and whether its key may already have had an effect (then the mismatch is
+    // not safe to repeat).
     let states = [
-        applied("ticket_1042"),
-        RecordState::FailedPermanent(refusal(ErrorCode::DownstreamRejected, "no")),
-        pending(Some("w1"), 30_000, Dispatch::NotSent),
-        pending(None, -1, Dispatch::Sent),
-        pending(Some("w1"), 30_000, job("job-7")),
-        RecordState::AwaitingApproval,
-        unknown("timeout", None),
-        tombstone(Some("ticket_1042"), None),
+        (applied("ticket_1042"), true),
+        (
+            RecordState::FailedPermanent(refusal(ErrorCode::DownstreamRejected, "no")),
+            false,
+        ),
+        (pending(Some("w1"), 30_000, Dispatch::NotSent), true),
+        (pending(None, 30_000, Dispatch::NotSent), false),
+        (pending(Some("w1"), -1, Dispatch::Sent), true),
+        (pending(Some("w1"), 30_000, job("job-7")), true),
+        (awaiting(30_000), false),
+        (unknown("timeout", None), true),
+        (tombstone(Some("ticket_1042"), None), true),
+        (tombstone(None, Some(ErrorCode::ApprovalExpired)), false),
+        (tombstone(None, None), false),
     ];
-    for state in states {
+    for (state, effect_possible) in states {
         for r in [record(&t, state.clone()), expired(record(&t, state), 1)] {
             let b = machine::branch(&t, &r, &other, NOW);
+            let unsafe_ = if effect_possible { " unsafe" } else { "" };
             assert_eq!(
                 show_branch(&b),
-                "refuse: rejected next=inspect_operation code=idempotency_key_reused_with_different_request",
+                format!(
+                    "refuse: rejected{unsafe_} next=inspect_operation code=idempotency_key_reused_with_different_request"
+                ),
                 "{:?}",
                 r.state
             );
@@ -395,9 +425,16 @@ fn show_recovery(r: &Recovery) -> &'static str {
             on_miss: Miss::Unknown,
         } => "lookup/unknown",
         Recovery::Resend => "resend",
+        Recovery::Expire => "expire",
         Recovery::GiveUp(_) => "give_up",
     }
 }
+
+/// Within every bound: attempts left, the retry window open.
+const BOUNDS: Bounds = Bounds {
+    max_attempts: 8,
+    now: NOW,
+};
 
 /// One row per contract shape and record version; the six columns are the pending records
 /// (NotSent, owned) (NotSent, released) (Sent, owned) (Sent, released) (Job, owned) (Job, released).
@@ -416,7 +453,7 @@ fn check_recovery(dedup: bool, lookup: bool, older: bool, expect: [&str; 6]) {
         if older {
             r.tool_version = "2026-01-01".into();
         }
-        show_recovery(&machine::plan_recovery(&c, &r))
+        show_recovery(&machine::plan_recovery(&c, &r, BOUNDS))
     });
     assert_eq!(got, expect, "dedup={dedup} lookup={lookup} older={older}");
 }
@@ -474,6 +511,45 @@ fn recovery_table() {
 }
 
 #[test]
+fn recovery_is_bounded() {
+    let plan = |c: &Contract, state: RecordState, fence: u64, age: Millis| {
+        let mut r = record(c, state);
+        r.fence = fence;
+        r.created_at = NOW - age;
+        show_recovery(&machine::plan_recovery(c, &r, BOUNDS))
+    };
+    let day = 86_400_000;
+    let both = tickets_downstream(true, true);
+    let dedup = tickets_downstream(true, false);
+    let marker = tickets_downstream(false, true);
+    let sent = || pending(Some("w1"), -1, Dispatch::Sent);
+    let unsent = || pending(Some("w1"), -1, Dispatch::NotSent);
+    // Attempts left and the window open: the ordinary plans.
+    assert_eq!(plan(&both, sent(), 7, 1), "lookup/resend");
+    assert_eq!(plan(&dedup, sent(), 7, 1), "resend");
+    // Out of attempts: no more resends; a lookup may still settle it.
+    assert_eq!(plan(&both, sent(), 8, 1), "lookup/unknown");
+    assert_eq!(plan(&dedup, sent(), 8, 1), "give_up");
+    // Past the retry window (max_retry_window is 1d): no lookup, no resend, nothing sent.
+    assert_eq!(plan(&both, sent(), 2, day), "give_up");
+    assert_eq!(plan(&dedup, sent(), 2, day), "give_up");
+    assert_eq!(plan(&marker, unsent(), 1, day), "expire");
+    assert_eq!(
+        plan(&marker, pending(None, 1, Dispatch::NotSent), 1, day),
+        "expire"
+    );
+    assert_eq!(plan(&marker, unsent(), 1, day - 1), "execute");
+    // An approved record's window starts after its approval window.
+    let mut r = record(&marker, unsent());
+    r.created_at = NOW - day;
+    r.approved_by = Some("operator-7".into());
+    assert_eq!(
+        show_recovery(&machine::plan_recovery(&marker, &r, BOUNDS)),
+        "execute"
+    );
+}
+
+#[test]
 fn recovery_of_a_settled_record_gives_up() {
     let t = contract("tickets.create.yaml");
     for (state, status) in [
@@ -482,11 +558,11 @@ fn recovery_of_a_settled_record_gives_up() {
             RecordState::FailedPermanent(refusal(ErrorCode::DownstreamRejected, "no")),
             "failed_permanent",
         ),
-        (RecordState::AwaitingApproval, "awaiting_approval"),
+        (awaiting(1), "awaiting_approval"),
         (unknown("timeout", None), "unknown"),
         (tombstone(None, None), "tombstone"),
     ] {
-        let plan = machine::plan_recovery(&t, &record(&t, state));
+        let plan = machine::plan_recovery(&t, &record(&t, state), BOUNDS);
         assert_eq!(
             plan,
             Recovery::GiveUp(format!("record is {status}, not pending"))
@@ -498,7 +574,7 @@ fn recovery_of_a_settled_record_gives_up() {
 fn giving_up_says_why() {
     let c = tickets_downstream(false, false);
     let r = record(&c, pending(Some("w1"), -1, Dispatch::Sent));
-    let Recovery::GiveUp(why) = machine::plan_recovery(&c, &r) else {
+    let Recovery::GiveUp(why) = machine::plan_recovery(&c, &r, BOUNDS) else {
         panic!()
     };
     assert!(
@@ -507,7 +583,7 @@ fn giving_up_says_why() {
     );
     let mut r = record(&c, pending(Some("w1"), -1, Dispatch::Sent));
     r.tool_version = "2026-01-01".into();
-    let Recovery::GiveUp(why) = machine::plan_recovery(&c, &r) else {
+    let Recovery::GiveUp(why) = machine::plan_recovery(&c, &r, BOUNDS) else {
         panic!()
     };
     assert_eq!(
@@ -531,7 +607,11 @@ fn show_after(a: &AfterEffect) -> String {
         } => {
             format!("release {} {reason} retry={retry_after:?}", snake(code))
         }
-        AfterEffect::Ambiguous(why) => format!("ambiguous {why}"),
+        AfterEffect::Ambiguous {
+            reason,
+            retry_after,
+        } => format!("ambiguous {reason} retry={retry_after:?}"),
+        AfterEffect::Unproven(why) => format!("unproven {why}"),
     }
 }
 
@@ -541,7 +621,7 @@ fn after_effect_table() {
     let r = contract("reports.generate.yaml"); // async jobs
     let check = |c: &Contract, outcome: EffectOutcome, expect: &str| {
         assert_eq!(
-            show_after(&machine::after_effect(c, outcome.clone())),
+            show_after(&machine::after_effect(c, outcome.clone(), Prior::Clean)),
             expect,
             "{outcome:?}"
         );
@@ -560,7 +640,7 @@ fn after_effect_table() {
     check(
         &t,
         committed(""),
-        "ambiguous the downstream answered without an effect reference",
+        "ambiguous the downstream answered without an effect reference retry=None",
     );
     check(
         &r,
@@ -574,14 +654,14 @@ fn after_effect_table() {
         EffectOutcome::Accepted {
             job_id: String::new(),
         },
-        "ambiguous the downstream accepted a job the contract does not declare",
+        "ambiguous the downstream accepted a job the contract does not declare retry=None",
     );
     check(
         &t,
         EffectOutcome::Accepted {
             job_id: "job-7".into(),
         },
-        "ambiguous the downstream accepted a job the contract does not declare",
+        "ambiguous the downstream accepted a job the contract does not declare retry=None",
     );
     check(
         &t,
@@ -611,17 +691,56 @@ fn after_effect_table() {
     );
     check(
         &t,
-        EffectOutcome::Ambiguous {
-            reason: "timeout after 10s".into(),
-        },
-        "ambiguous timeout after 10s",
+        EffectOutcome::ambiguous("timeout after 10s"),
+        "ambiguous timeout after 10s retry=None",
     );
     check(
         &r,
         EffectOutcome::Ambiguous {
-            reason: "502".into(),
+            reason: "503".into(),
+            retry_after: Some(30),
         },
-        "ambiguous 502",
+        "ambiguous 503 retry=Some(30)",
+    );
+}
+
+#[test]
+fn after_an_ambiguous_attempt_no_refusal_proves_anything() {
+    // The answer to a resend (or to a takeover of a maybe-sent claim) cannot prove that the
+    // earlier attempt did not commit: refusals need a receipt, "not processed" stays ambiguous.
+    let t = contract("tickets.create.yaml");
+    let check = |outcome: EffectOutcome, expect: &str| {
+        assert_eq!(
+            show_after(&machine::after_effect(
+                &t,
+                outcome.clone(),
+                Prior::MaybeSent
+            )),
+            expect,
+            "{outcome:?}"
+        );
+    };
+    check(
+        EffectOutcome::Committed(Receipt {
+            reference: "ticket_1042".into(),
+            result: json!({}),
+        }),
+        "apply ticket_1042 {}",
+    );
+    check(
+        EffectOutcome::Refused(refusal(ErrorCode::DownstreamRejected, "409 key in use")),
+        "unproven an earlier attempt may have committed, and the resend was refused (downstream_rejected): 409 key in use",
+    );
+    check(
+        EffectOutcome::PreconditionFailed("412".into()),
+        "unproven an earlier attempt may have committed, and the resend's precondition failed: 412",
+    );
+    check(
+        EffectOutcome::NotSent {
+            reason: "429".into(),
+            retry_after: Some(7),
+        },
+        "ambiguous an earlier attempt may have committed; the resend was not processed: 429 retry=Some(7)",
     );
 }
 
@@ -683,14 +802,21 @@ fn status_outcome_table() {
     );
     check(
         s,
-        record(&t, pending(None, 0, job("job-7"))),
+        record(&t, pending(Some("w1"), 30_000, job("job-7"))),
         "in_flight next=poll retry=2",
+    );
+    // A released claim waits for a new delivery, not for time.
+    check(
+        s,
+        record(&t, pending(None, 86_400_000, Dispatch::NotSent)),
+        "in_flight next=poll retry=1",
     );
     check(
         s,
-        record(&t, RecordState::AwaitingApproval),
+        record(&t, awaiting(1)),
         "in_flight next=ask_for_approval retry=30",
     );
+    check(s, record(&t, awaiting(0)), "rejected code=approval_expired");
     check(
         s,
         record(&t, unknown("timeout", Some("ticket_5"))),
@@ -699,7 +825,12 @@ fn status_outcome_table() {
     check(
         s,
         record(&t, tombstone(Some("ticket_1042"), None)),
-        "rejected next=inspect_operation ref=ticket_1042 code=expired_operation",
+        "rejected unsafe next=inspect_operation ref=ticket_1042 code=expired_operation",
+    );
+    check(
+        Some(&e),
+        record(&e, tombstone(None, None)),
+        "rejected next=inspect_operation code=expired_operation",
     );
     check(
         Some(&e),
@@ -720,7 +851,7 @@ fn status_outcome_table() {
     check(
         None,
         record(&t, tombstone(Some("ticket_1042"), None)),
-        "rejected next=inspect_operation ref=ticket_1042 code=expired_operation",
+        "rejected unsafe next=inspect_operation ref=ticket_1042 code=expired_operation",
     );
     check(
         None,

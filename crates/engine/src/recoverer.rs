@@ -1,17 +1,19 @@
-//! Background work that does not wait for a retry: recovering abandoned pending records,
-//! polling accepted jobs, and sweeping retention.
+//! Background work that does not wait for a retry: recovering records abandoned while owned,
+//! polling accepted jobs, expiring approvals and released claims past their deadlines, and
+//! sweeping retention — all within one environment.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::Downstream;
 use idemgate_core::record::{Dispatch, RecordState};
-use idemgate_core::store::{self, SweepReport};
+use idemgate_core::store::{self, Cursor, Due, SweepReport, due_at};
 
 use crate::executor::Executor;
+use crate::executor::Poller;
 
 /// Finds the contract and the downstream of a tool by name, for records the recoverer meets.
 pub trait Tools: Send + Sync {
@@ -27,20 +29,38 @@ pub struct RecoveryReport {
     pub outcomes: BTreeMap<&'static str, usize>,
 }
 
-/// Drives abandoned pending records to an end without waiting for a delivery.
+/// Drives due records of one environment to an end without waiting for a delivery.
+///
+/// It only takes up records **abandoned while owned** (a lease that expired) and jobs due for
+/// a poll; a claim that was *released* (provably not sent) runs again only when a new delivery
+/// asks for it, authorized afresh — the recoverer merely expires it once its retry window has
+/// passed. Every send it makes is preceded by a fresh authorization of the recorded actor.
+///
+/// The scan is paged by a cursor over (deadline, key) that each pass continues from and that
+/// wraps around at the end, so records that make no progress (a tool no longer loaded, a lookup
+/// that stays unavailable) never hide the others.
 #[derive(Clone)]
 pub struct Recoverer {
     executor: Executor,
     tools: Arc<dyn Tools>,
+    environment: String,
     batch: usize,
+    // A std mutex: held only to read or replace the cursor, never across an await.
+    cursor: Arc<Mutex<Option<Cursor>>>,
 }
 
 impl Recoverer {
-    pub fn new(executor: Executor, tools: Arc<dyn Tools>) -> Recoverer {
+    pub fn new(
+        executor: Executor,
+        tools: Arc<dyn Tools>,
+        environment: impl Into<String>,
+    ) -> Recoverer {
         Recoverer {
             executor,
             tools,
+            environment: environment.into(),
             batch: 100,
+            cursor: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -49,10 +69,35 @@ impl Recoverer {
         self
     }
 
-    /// One pass over the records whose lease has expired (or whose job may have finished).
+    /// The environment whose records this recoverer drives.
+    pub fn environment(&self) -> &str {
+        &self.environment
+    }
+
+    fn cursor(&self) -> std::sync::MutexGuard<'_, Option<Cursor>> {
+        self.cursor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One pass over the next page of due records.
     pub async fn run_once(&self) -> Result<RecoveryReport, store::Error> {
         let now = self.executor.clock().now();
-        let records = self.executor.store().recoverable(now, self.batch).await?;
+        let after = self.cursor().clone();
+        let query = Due {
+            environment: self.environment.clone(),
+            now,
+            after,
+            limit: self.batch,
+        };
+        let records = self.executor.store().due(query).await?;
+        // The next pass continues after this page; a short page was the end, and the next pass
+        // starts over.
+        *self.cursor() = match records.last() {
+            Some(last) if records.len() == self.batch => due_at(last).map(|due_at| Cursor {
+                due_at,
+                key: last.key.clone(),
+            }),
+            Some(_) | None => None,
+        };
         let mut report = RecoveryReport::default();
         for record in records {
             report.examined += 1;
@@ -60,21 +105,39 @@ impl Recoverer {
                 report.unresolved += 1;
                 continue;
             };
+            let executor = &self.executor;
             let outcome = match &record.state {
-                RecordState::Pending {
-                    dispatch: Dispatch::Job { job_id },
-                    ..
-                } => {
-                    let job_id = job_id.clone();
-                    self.executor
-                        .poll_job(&contract, record, &job_id, effect.as_ref())
-                        .await
+                RecordState::Pending { lease, dispatch } => match (&lease.owner, dispatch) {
+                    (Some(_), Dispatch::Job { job_id }) => {
+                        let job_id = job_id.clone();
+                        executor
+                            .poll_job(
+                                &contract,
+                                record,
+                                &job_id,
+                                effect.as_ref(),
+                                Poller::Recoverer,
+                            )
+                            .await
+                    }
+                    (Some(_), Dispatch::NotSent | Dispatch::Sent) => {
+                        executor
+                            .recover(&contract, record, None, effect.as_ref())
+                            .await
+                    }
+                    // Released and past its retry window with no delivery taking it up.
+                    (None, Dispatch::NotSent | Dispatch::Sent | Dispatch::Job { .. }) => {
+                        executor.expire_unsent(&contract, record).await
+                    }
+                },
+                RecordState::AwaitingApproval { .. } => {
+                    executor.expire_approval(&contract, record).await
                 }
-                _ => {
-                    self.executor
-                        .recover(&contract, record, None, effect.as_ref())
-                        .await
-                }
+                // Not due by the store's rule; named so that a new state is considered here.
+                RecordState::Applied(_)
+                | RecordState::FailedPermanent(_)
+                | RecordState::Unknown(_)
+                | RecordState::Tombstone(_) => continue,
             };
             *report.outcomes.entry(outcome.status.as_str()).or_default() += 1;
         }
@@ -105,7 +168,7 @@ impl Recoverer {
                     }
                 }
                 _ = sweep.tick() => {
-                    match self.executor.sweep(1000).await {
+                    match self.executor.sweep(&self.environment, 1000).await {
                         Ok(r) if r.compacted + r.purged > 0 => tracing::info!(compacted = r.compacted, purged = r.purged, "retention sweep"),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
@@ -117,8 +180,14 @@ impl Recoverer {
 }
 
 impl Executor {
-    /// One retention sweep (see `Store::sweep` for the rule).
-    pub async fn sweep(&self, limit: usize) -> Result<SweepReport, store::Error> {
-        self.store().sweep(self.clock().now(), limit).await
+    /// One retention sweep of `environment` (see `Store::sweep` for the rule).
+    pub async fn sweep(
+        &self,
+        environment: &str,
+        limit: usize,
+    ) -> Result<SweepReport, store::Error> {
+        self.store()
+            .sweep(environment, self.clock().now(), limit)
+            .await
     }
 }

@@ -188,7 +188,7 @@ mod tests {
     fn keeps_nothing_that_can_still_change() {
         let settled = Settled::new(8);
         for state in [
-            RecordState::AwaitingApproval,
+            RecordState::AwaitingApproval { until: 0 },
             RecordState::Unknown(Evidence {
                 reason: "timed out".into(),
                 reference: None,

@@ -1,0 +1,424 @@
+//! A delivery: validate, derive the key, fingerprint, then claim — or load what is there and
+//! let `machine::branch` decide.
+
+use std::sync::atomic::Ordering;
+
+use idemgate_core::contract::{Contract, EffectClass};
+use idemgate_core::effect::{AuthStage, Downstream, EffectRequest};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::machine::{self, AfterEffect, Branch, Prior};
+use idemgate_core::outcome::{ErrorCode, NextAction, Outcome};
+use idemgate_core::record::Record;
+use idemgate_core::store::Claimed;
+use idemgate_core::transitions::{self, Hold};
+use serde_json::Value;
+
+use super::perform::Claim;
+use super::{Executor, Operation, store_down};
+
+/// Why a delivery's operation key could not be derived.
+enum KeyProblem {
+    /// One of workflow_id and step_id is absent.
+    Missing(&'static str),
+    Invalid(idemgate_core::key::Error),
+}
+
+impl Operation {
+    fn key(&self) -> Result<Option<OperationKey>, KeyProblem> {
+        match (&self.workflow_id, &self.step_id) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(KeyProblem::Missing("step_id")),
+            (None, Some(_)) => Err(KeyProblem::Missing("workflow_id")),
+            (Some(workflow), Some(step)) => {
+                OperationKey::new(&self.caller.tenant, &self.environment, workflow, step)
+                    .map(Some)
+                    .map_err(KeyProblem::Invalid)
+            }
+        }
+    }
+}
+
+impl Executor {
+    /// Executes one delivery of `arguments` for `operation` under `contract`, performing the
+    /// effect through `effect` at most once per operation key.
+    ///
+    /// This future is the delivery: dropping it stops it wherever it is (a claim left
+    /// unfinished is recovered after its lease). A face whose callers may go away while an
+    /// effect runs uses [`Executor::execute_detached`] instead.
+    pub async fn execute(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        arguments: &Value,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        let tool = contract.name.as_str();
+        // Bad input leaves no record: validation, key, fingerprint and the downstream's own
+        // check of the arguments all come before any write.
+        if let Err(e) = contract.validate(arguments) {
+            let key = operation.key().ok().flatten();
+            return self.observe(
+                tool,
+                None,
+                Outcome::rejected(key, ErrorCode::InvalidArguments, e.message),
+            );
+        }
+        let key = match operation.key() {
+            Ok(key) => key,
+            Err(KeyProblem::Missing(part)) => {
+                return self.observe(
+                    tool,
+                    None,
+                    Outcome::rejected(
+                        None,
+                        ErrorCode::MissingOperationKey,
+                        format!("the operation names no {part}; give both workflow_id and step_id"),
+                    ),
+                );
+            }
+            Err(KeyProblem::Invalid(e)) => {
+                return self.observe(
+                    tool,
+                    None,
+                    Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+                );
+            }
+        };
+        let fingerprint = match contract.fingerprint(arguments) {
+            Ok(fp) => fp,
+            Err(e) => {
+                return self.observe(
+                    tool,
+                    None,
+                    Outcome::rejected(key, ErrorCode::InvalidArguments, e.message),
+                );
+            }
+        };
+        if let Err(message) = effect.check(arguments) {
+            return self.observe(
+                tool,
+                Some(&fingerprint),
+                Outcome::rejected(key, ErrorCode::InvalidArguments, message),
+            );
+        }
+        let outcome = match (contract.effect_class, key) {
+            (EffectClass::NonIdempotent, key) => Outcome::rejected(
+                key,
+                ErrorCode::EffectClassRefused,
+                "non_idempotent tools are not executed; redesign as a keyed command",
+            ),
+            (EffectClass::Read, _) | (EffectClass::NaturalIdempotent, None) => {
+                self.unkeyed(contract, operation, arguments, &fingerprint, effect)
+                    .await
+            }
+            (EffectClass::KeyBased | EffectClass::Irreversible, None) => Outcome::rejected(
+                None,
+                ErrorCode::MissingOperationKey,
+                format!(
+                    "{tool} is {}: the calling application must name the workflow_id and step_id of this operation",
+                    contract.effect_class.as_str()
+                ),
+            ),
+            (
+                EffectClass::NaturalIdempotent | EffectClass::KeyBased | EffectClass::Irreversible,
+                Some(key),
+            ) => {
+                self.keyed(contract, operation, key, arguments, &fingerprint, effect)
+                    .await
+            }
+        };
+        self.observe(tool, Some(&fingerprint), outcome)
+    }
+
+    /// Reads and key-less natural-idempotent updates: no claim and no record; repeating them is
+    /// harmless by the contract's own declaration.
+    async fn unkeyed(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        arguments: &Value,
+        fingerprint: &Fingerprint,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        let caller = &operation.caller;
+        let proof = match self
+            .authorize_new(contract, caller, None, fingerprint)
+            .await
+        {
+            Ok(proof) => proof,
+            Err(refused) => return refused.outcome(None, false),
+        };
+        // A key-less call is no retry of anything: it goes out under an idempotency key of its
+        // own, never one derived from its content, so that a downstream deduplicating on keys
+        // cannot answer "set 5" with the cached result of an earlier, different "set 5".
+        let n = self.unkeyed.fetch_add(1, Ordering::Relaxed);
+        let once = match OperationKey::new(
+            &caller.tenant,
+            &operation.environment,
+            "unkeyed",
+            &format!("{}.{n}", self.settings.worker),
+        ) {
+            Ok(key) => key,
+            Err(e) => {
+                return Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string());
+            }
+        };
+        let request = EffectRequest {
+            key: &once,
+            tool: &contract.name,
+            tool_version: &contract.version,
+            arguments,
+            attempt: 1,
+            precondition: contract.precondition(arguments),
+        };
+        let repeatable = |mut o: Outcome| {
+            o.safe_to_repeat = true;
+            o.operation_key = None;
+            o
+        };
+        let answer = self.send_unkeyed(proof, request, effect).await;
+        match machine::after_effect(contract, answer, Prior::Clean) {
+            AfterEffect::Apply(r) => repeatable(Outcome::applied(once, r.reference, r.result)),
+            AfterEffect::Job(job_id) => repeatable(
+                Outcome::in_flight(once, NextAction::Poll, machine::JOB_POLL_SECONDS)
+                    .with_reference(Some(job_id)),
+            ),
+            AfterEffect::Refuse(refusal) => Outcome::rejected(None, refusal.code, refusal.message),
+            AfterEffect::Release { code, reason, .. } => Outcome::rejected(None, code, reason),
+            AfterEffect::Ambiguous { reason, .. } | AfterEffect::Unproven(reason) => {
+                let mut o = repeatable(Outcome::unknown(once, reason));
+                o.next_action = NextAction::None;
+                o.retry_after_seconds = Some(1);
+                o
+            }
+        }
+    }
+
+    async fn keyed(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        key: OperationKey,
+        arguments: &Value,
+        fingerprint: &Fingerprint,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        // A read first: a replay must never write, and most duplicates are replays. A settled
+        // record seen before cannot have changed since, and is not read again.
+        let existing = match self.settled.get(&key, self.now()) {
+            Some(record) => Some(record),
+            None => match self.store.get(&key).await {
+                Ok(Some(record)) => {
+                    self.settled.offer(&record, self.now());
+                    Some(record)
+                }
+                Ok(None) => None,
+                Err(e) => return store_down(Some(key), &e),
+            },
+        };
+        if let Some(record) = existing {
+            return self
+                .existing(contract, operation, record, arguments, fingerprint, effect)
+                .await;
+        }
+        let caller = &operation.caller;
+        // The caller becomes the recorded actor: this decision is the first send's proof, and
+        // an unauthorized caller leaves no record.
+        let proof = match self
+            .authorize_new(contract, caller, Some(&key), fingerprint)
+            .await
+        {
+            Ok(proof) => proof,
+            Err(refused) => return refused.outcome(Some(key), false),
+        };
+        let hold = if contract.needs_approval(arguments) {
+            Hold::ForApproval
+        } else {
+            Hold::No
+        };
+        let at = self.at();
+        let (record, events) = transitions::new_record(
+            contract,
+            key.clone(),
+            fingerprint.clone(),
+            &caller.actor,
+            arguments,
+            &hold,
+            at,
+        );
+        // The store's unique key decides: inserted, or somebody else's record comes back. With
+        // a duplicate-intent window, the window's check is part of the same atomic claim.
+        let claimed = match contract.duplicate_intent_window() {
+            Some(window) => {
+                self.store
+                    .claim_unless_duplicate(record, events, at.now - window.millis())
+                    .await
+            }
+            None => self.store.claim(record, events).await,
+        };
+        match claimed {
+            Err(e) => store_down(Some(key), &e),
+            Ok(Claimed::Existing(record)) => {
+                self.existing(contract, operation, record, arguments, fingerprint, effect)
+                    .await
+            }
+            Ok(Claimed::DuplicateIntent(other)) => {
+                self.hold_duplicate(
+                    contract,
+                    operation,
+                    key,
+                    other,
+                    arguments,
+                    fingerprint,
+                    effect,
+                )
+                .await
+            }
+            Ok(Claimed::Inserted(record)) => match hold {
+                Hold::No => {
+                    self.perform(contract, Claim::new(record), proof, effect, Prior::Clean)
+                        .await
+                }
+                Hold::ForApproval | Hold::ForDuplicateIntent(_) => Outcome::in_flight(
+                    key,
+                    NextAction::AskForApproval,
+                    machine::APPROVAL_POLL_SECONDS,
+                ),
+            },
+        }
+    }
+
+    /// The same request ran under `other` within the window: hold this one for an operator,
+    /// who may approve it as intended (a second effect) or deny it. Nothing runs now.
+    #[allow(clippy::too_many_arguments)]
+    async fn hold_duplicate(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        key: OperationKey,
+        other: OperationKey,
+        arguments: &Value,
+        fingerprint: &Fingerprint,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        let (record, events) = transitions::new_record(
+            contract,
+            key.clone(),
+            fingerprint.clone(),
+            &operation.caller.actor,
+            arguments,
+            &Hold::ForDuplicateIntent(other.clone()),
+            self.at(),
+        );
+        match self.store.claim(record, events).await {
+            Err(e) => store_down(Some(key), &e),
+            Ok(Claimed::Inserted(_)) => Outcome::rejected_after_effect(
+                Some(key.clone()),
+                ErrorCode::PossibleDuplicateIntent,
+                format!(
+                    "the same request ran under operation {other} within the contract's \
+                     duplicate-intent window; nothing ran. If a second effect is really \
+                     intended, an operator approves operation {key}; poll it for the result"
+                ),
+            ),
+            Ok(Claimed::Existing(record)) => {
+                self.existing(contract, operation, record, arguments, fingerprint, effect)
+                    .await
+            }
+            Ok(Claimed::DuplicateIntent(_)) => store_down(
+                Some(key),
+                &idemgate_core::store::Error::Corrupt(
+                    "a plain claim answered a duplicate intent".into(),
+                ),
+            ),
+        }
+    }
+
+    /// A delivery found a record under its key.
+    async fn existing(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        record: Record,
+        arguments: &Value,
+        fingerprint: &Fingerprint,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        // An older version's record is compared under the version it was claimed with: the
+        // same material request under that version replays; anything else is a mismatch.
+        let incoming = if record.tool_version == contract.version {
+            fingerprint.clone()
+        } else {
+            match contract.canonicalize_as(&record.tool_version, arguments) {
+                Ok(c) => Fingerprint::of(&c),
+                Err(e) => {
+                    return machine::rejected_for(&record, ErrorCode::InvalidArguments, e.message);
+                }
+            }
+        };
+        let caller = &operation.caller;
+        match machine::branch(contract, &record, &incoming, self.now()) {
+            Branch::Replay(outcome) => {
+                // An idempotency hit is no authorization bypass.
+                match self
+                    .authorize_caller(
+                        contract,
+                        caller,
+                        Some(&record.key),
+                        &incoming,
+                        AuthStage::BeforeReplay,
+                    )
+                    .await
+                {
+                    Ok(()) => outcome,
+                    Err(refused) => refused.outcome(Some(record.key), true),
+                }
+            }
+            Branch::Refuse(outcome) | Branch::Wait(outcome) | Branch::Unknown(outcome) => outcome,
+            Branch::ExpireApproval => self.expire_approval(contract, record).await,
+            Branch::PollJob { job_id } => {
+                // A finished job hands out its result: the same recheck as any replay.
+                if let Err(refused) = self
+                    .authorize_caller(
+                        contract,
+                        caller,
+                        Some(&record.key),
+                        &incoming,
+                        AuthStage::BeforeReplay,
+                    )
+                    .await
+                {
+                    return refused.outcome(Some(record.key), true);
+                }
+                self.poll_job(
+                    contract,
+                    record,
+                    &job_id,
+                    effect,
+                    super::jobs::Poller::Delivery,
+                )
+                .await
+            }
+            Branch::Recover => {
+                // The delivering caller must be allowed to do this at all; the send itself
+                // rechecks the recorded actor, right before it goes out.
+                if let Err(refused) = self
+                    .authorize_caller(
+                        contract,
+                        caller,
+                        Some(&record.key),
+                        &incoming,
+                        AuthStage::BeforeEffect,
+                    )
+                    .await
+                {
+                    let possible = machine::may_have_effect(&record);
+                    return refused.outcome(Some(record.key), possible);
+                }
+                self.recover(contract, record, Some(arguments), effect)
+                    .await
+            }
+        }
+    }
+}

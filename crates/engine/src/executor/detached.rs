@@ -1,0 +1,123 @@
+//! Deliveries on a task of their own: **the caller's patience is not the effect's lifetime.**
+//!
+//! A face (HTTP, MCP) runs each claimed execution with these, so a client that disconnects,
+//! times out or cancels only stops waiting: the spawned task carries the execution to a settled
+//! state within the contract's timeouts, and the next delivery or poll reads what it recorded.
+//! Needs a tokio runtime.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::contract::Contract;
+use idemgate_core::effect::Downstream;
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::{ErrorBody, ErrorCode, NextAction, Outcome, Status};
+use serde_json::Value;
+
+use super::{ActionError, Executor, Operation};
+
+/// What a caller hears when the task running its delivery panicked: the effect may have
+/// happened, so never `safe_to_repeat`.
+fn lost(key: Option<OperationKey>) -> Outcome {
+    Outcome {
+        status: Status::Rejected,
+        operation_key: key,
+        effect_reference: None,
+        safe_to_repeat: false,
+        next_action: NextAction::InspectOperation,
+        retry_after_seconds: None,
+        result: None,
+        error: Some(ErrorBody {
+            code: ErrorCode::InternalError,
+            message:
+                "the execution failed inside the gateway; inspect the operation before repeating it"
+                    .into(),
+        }),
+    }
+}
+
+impl Executor {
+    /// [`Executor::execute`] on a task of its own.
+    pub async fn execute_detached(
+        &self,
+        contract: Arc<Contract>,
+        operation: Operation,
+        arguments: Arc<Value>,
+        effect: Arc<dyn Downstream>,
+    ) -> Outcome {
+        let executor = self.clone();
+        let task = tokio::spawn(async move {
+            executor
+                .execute(&contract, &operation, &arguments, effect.as_ref())
+                .await
+        });
+        task.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a delivery's task failed");
+            lost(None)
+        })
+    }
+
+    /// Like [`Executor::execute_detached`], but while the answer is `in_flight` (and not
+    /// awaiting a person) delivers again after the advised pause, for up to `wait` in all. The
+    /// repeated deliveries are ordinary ones: they replay, poll or recover, never send blindly.
+    pub async fn execute_waiting(
+        &self,
+        contract: Arc<Contract>,
+        operation: Operation,
+        arguments: Arc<Value>,
+        effect: Arc<dyn Downstream>,
+        wait: Duration,
+    ) -> Outcome {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let outcome = self
+                .execute_detached(
+                    contract.clone(),
+                    operation.clone(),
+                    arguments.clone(),
+                    effect.clone(),
+                )
+                .await;
+            if outcome.status != Status::InFlight || outcome.next_action != NextAction::Poll {
+                return outcome;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return outcome;
+            }
+            let pause = Duration::from_millis(250)
+                .max(Duration::from_secs(outcome.retry_after_seconds.unwrap_or(1)) / 4);
+            tokio::time::sleep(pause.min(deadline - now)).await;
+        }
+    }
+
+    /// [`Executor::approve`] on a task of its own: an operator's closed page does not stop the
+    /// approved effect.
+    pub async fn approve_detached(
+        &self,
+        contract: Arc<Contract>,
+        key: OperationKey,
+        approver: String,
+        expected: Option<Fingerprint>,
+        effect: Arc<dyn Downstream>,
+    ) -> Result<Outcome, ActionError> {
+        let executor = self.clone();
+        let shown = key.clone();
+        let task = tokio::spawn(async move {
+            executor
+                .approve(
+                    &contract,
+                    &key,
+                    &approver,
+                    expected.as_ref(),
+                    effect.as_ref(),
+                )
+                .await
+        });
+        task.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "an approval's task failed");
+            Ok(lost(Some(shown)))
+        })
+    }
+}

@@ -1,0 +1,332 @@
+//! What operators do — approve, deny, reconcile — and the status read every face polls.
+
+use idemgate_core::contract::Contract;
+use idemgate_core::effect::{AuthStage, Downstream, Lookup};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::OperationKey;
+use idemgate_core::machine::{self, Prior};
+use idemgate_core::outcome::Outcome;
+use idemgate_core::record::{Dispatch, Receipt, Record, RecordState, RecordStatus};
+use idemgate_core::store::{self, Cas};
+use idemgate_core::transitions;
+use serde_json::Value;
+
+use super::perform::Claim;
+use super::{Caller, Executor};
+
+/// How an operator settles a record that has not settled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The effect happened: its reference and the result to replay.
+    Applied { reference: String, result: Value },
+    /// The effect did not happen: the key may run again (by a new delivery).
+    NotApplied,
+}
+
+/// Why an operator action on a record was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActionError {
+    #[error("no operation {0}")]
+    NotFound(OperationKey),
+    #[error("operation {key} is {status}, so it cannot be {action}")]
+    WrongState {
+        key: OperationKey,
+        status: &'static str,
+        action: &'static str,
+    },
+    #[error(
+        "operation {key} was claimed for a different request than the one approved (fingerprint {found})"
+    )]
+    FingerprintChanged {
+        key: OperationKey,
+        found: Fingerprint,
+    },
+    #[error(
+        "the contract of {0} declares no receipt lookup; resolve it with an operator resolution"
+    )]
+    NoLookup(String),
+    #[error("operation {0} changed while this action ran; read it again")]
+    Raced(OperationKey),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+/// What a status read found.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // made once per read and matched at once
+pub enum StatusRead {
+    /// The record and the outcome a poll gives.
+    Found { record: Record, outcome: Outcome },
+    /// The authorization recheck refused the reader: nothing of the record may be shown.
+    Denied(Outcome),
+}
+
+impl Executor {
+    /// The record under `key`, which an operator action expects in one of `allowed`.
+    async fn load_for(
+        &self,
+        key: &OperationKey,
+        allowed: &[RecordStatus],
+        action: &'static str,
+    ) -> Result<Record, ActionError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
+        if !allowed.contains(&record.status()) {
+            return Err(ActionError::WrongState {
+                key: key.clone(),
+                status: record.status().as_str(),
+                action,
+            });
+        }
+        Ok(record)
+    }
+
+    /// An operator approves an operation awaiting approval. The approval is bound to the exact
+    /// call (`expected`, when given, must be the stored fingerprint), is single-use (the
+    /// record leaves `awaiting_approval`), and records who approved. The effect then runs, with
+    /// authorization rechecked for the original caller, on a task of its own when run through
+    /// [`Executor::approve_detached`].
+    pub async fn approve(
+        &self,
+        contract: &Contract,
+        key: &OperationKey,
+        approver: &str,
+        expected: Option<&Fingerprint>,
+        effect: &dyn Downstream,
+    ) -> Result<Outcome, ActionError> {
+        let record = self
+            .load_for(key, &[RecordStatus::AwaitingApproval], "approved")
+            .await?;
+        if expected.is_some_and(|fp| fp != &record.fingerprint) || record.tool != contract.name {
+            return Err(ActionError::FingerprintChanged {
+                key: key.clone(),
+                found: record.fingerprint.clone(),
+            });
+        }
+        if record.tool_version != contract.version {
+            return Err(ActionError::WrongState {
+                key: key.clone(),
+                status: "claimed under an older contract version",
+                action: "approved",
+            });
+        }
+        if let RecordState::AwaitingApproval { until } = record.state
+            && until <= self.now()
+        {
+            self.expire_approval(contract, record).await;
+            return Err(ActionError::WrongState {
+                key: key.clone(),
+                status: "past its approval window (it expired; nothing ran)",
+                action: "approved",
+            });
+        }
+        let t = transitions::approve(&record, contract, approver, self.at());
+        let claim = match self.store.transition(t).await? {
+            Cas::Done(r) => Claim::new(r),
+            Cas::Lost(_) => return Err(ActionError::Raced(key.clone())),
+        };
+        // The recheck is for the caller who asked, now, not for the approver.
+        let outcome = match self.authorize_send(contract, claim.record()).await {
+            Ok(proof) => {
+                self.perform(contract, claim, proof, effect, Prior::Clean)
+                    .await
+            }
+            Err(refused) => {
+                // Nothing was sent: the claim is released, and only a new delivery (authorized
+                // afresh) may run it again.
+                self.release(contract, claim, &refused.reason(), None).await;
+                refused.outcome(Some(key.clone()), false)
+            }
+        };
+        Ok(self.observe(&contract.name, Some(&record.fingerprint), outcome))
+    }
+
+    /// An operator denies an operation awaiting approval: it ends as a refusal that every later
+    /// delivery replays.
+    pub async fn deny(
+        &self,
+        contract: &Contract,
+        key: &OperationKey,
+        approver: &str,
+        reason: &str,
+    ) -> Result<Outcome, ActionError> {
+        let record = self
+            .load_for(key, &[RecordStatus::AwaitingApproval], "denied")
+            .await?;
+        let t = transitions::deny(&record, contract, approver, reason, self.at());
+        match self.store.transition(t).await? {
+            Cas::Done(r) => Ok(machine::status_outcome(Some(contract), &r, self.now())),
+            Cas::Lost(_) => Err(ActionError::Raced(key.clone())),
+        }
+    }
+
+    /// Reconciles a record that has not settled — `unknown`, `pending`, or awaiting approval:
+    /// with no resolution, by looking the receipt up now; with an operator's resolution, as the
+    /// operator says (recorded with the actor). `not_applied` is refused while a worker's lease
+    /// is live (it may be sending right now) and for an approval (deny it instead).
+    pub async fn reconcile(
+        &self,
+        contract: &Contract,
+        key: &OperationKey,
+        resolution: Option<Resolution>,
+        actor: &str,
+        effect: &dyn Downstream,
+    ) -> Result<Outcome, ActionError> {
+        const UNSETTLED: [RecordStatus; 3] = [
+            RecordStatus::Unknown,
+            RecordStatus::Pending,
+            RecordStatus::AwaitingApproval,
+        ];
+        let record = self.load_for(key, &UNSETTLED, "reconciled").await?;
+        let at = self.at();
+        let t = match resolution {
+            None => {
+                if !contract.receipt_lookup() {
+                    return Err(ActionError::NoLookup(contract.name.clone()));
+                }
+                if let RecordState::AwaitingApproval { .. } = record.state {
+                    return Err(ActionError::WrongState {
+                        key: key.clone(),
+                        status: "awaiting approval (nothing was sent)",
+                        action: "looked up",
+                    });
+                }
+                match effect.lookup_receipt(key).await {
+                    Lookup::Found(receipt) if !receipt.reference.is_empty() => {
+                        transitions::reconciled_by_lookup(&record, contract, receipt, actor, at)
+                    }
+                    Lookup::Found(_) | Lookup::NotFound => {
+                        return Ok(machine::status_outcome(Some(contract), &record, at.now));
+                    }
+                    Lookup::Unavailable(reason) => {
+                        tracing::warn!(
+                            operation_key = key.as_str(),
+                            reason,
+                            "operator's receipt lookup unavailable"
+                        );
+                        return Ok(machine::status_outcome(Some(contract), &record, at.now));
+                    }
+                }
+            }
+            Some(Resolution::Applied { reference, result }) => transitions::resolve_applied(
+                &record,
+                contract,
+                Receipt { reference, result },
+                actor,
+                at,
+            ),
+            Some(Resolution::NotApplied) => match &record.state {
+                RecordState::Unknown(_) => {
+                    transitions::resolve_not_applied(&record, contract, actor, at)
+                }
+                RecordState::Pending { lease, dispatch } => match (dispatch, &lease.owner) {
+                    // Already released: nothing to change.
+                    (Dispatch::NotSent, None) => {
+                        return Ok(machine::status_outcome(Some(contract), &record, at.now));
+                    }
+                    (Dispatch::Job { .. }, _) => {
+                        return Err(ActionError::WrongState {
+                            key: key.clone(),
+                            status: "an accepted job (resolve it applied, or let its poll finish it)",
+                            action: "resolved not applied",
+                        });
+                    }
+                    (Dispatch::NotSent | Dispatch::Sent, Some(_)) if lease.expires_at > at.now => {
+                        return Err(ActionError::WrongState {
+                            key: key.clone(),
+                            status: "in flight (a worker's lease is live; it may be sending now)",
+                            action: "resolved not applied",
+                        });
+                    }
+                    (Dispatch::NotSent | Dispatch::Sent, _) => {
+                        transitions::resolve_not_applied(&record, contract, actor, at)
+                    }
+                },
+                RecordState::AwaitingApproval { .. } => {
+                    return Err(ActionError::WrongState {
+                        key: key.clone(),
+                        status: "awaiting approval (deny it instead)",
+                        action: "resolved not applied",
+                    });
+                }
+                RecordState::Applied(_)
+                | RecordState::FailedPermanent(_)
+                | RecordState::Tombstone(_) => {
+                    return Err(ActionError::WrongState {
+                        key: key.clone(),
+                        status: record.status().as_str(),
+                        action: "reconciled",
+                    });
+                }
+            },
+        };
+        match self.store.transition(t).await? {
+            Cas::Done(r) => {
+                self.settled.offer(&r, self.now());
+                Ok(machine::status_outcome(Some(contract), &r, self.now()))
+            }
+            Cas::Lost(_) => Err(ActionError::Raced(key.clone())),
+        }
+    }
+
+    /// The poll target: the record and its outcome, advancing an accepted job by polling it.
+    /// Never performs a new effect. Reading a stored result is handed out like a replay, so the
+    /// reader is rechecked with the contract's hook first (when the contract is loaded).
+    pub async fn status(
+        &self,
+        contract: Option<&Contract>,
+        key: &OperationKey,
+        effect: Option<&dyn Downstream>,
+        reader: &Caller,
+    ) -> Result<Option<StatusRead>, store::Error> {
+        let Some(record) = self.store.get(key).await? else {
+            return Ok(None);
+        };
+        if let Some(contract) = contract
+            && let Err(refused) = self
+                .authorize_caller(
+                    contract,
+                    reader,
+                    Some(key),
+                    &record.fingerprint,
+                    AuthStage::BeforeReplay,
+                )
+                .await
+        {
+            let possible = machine::may_have_effect(&record);
+            return Ok(Some(StatusRead::Denied(
+                refused.outcome(Some(key.clone()), possible),
+            )));
+        }
+        if let (
+            Some(contract),
+            Some(effect),
+            RecordState::Pending {
+                dispatch: Dispatch::Job { job_id },
+                ..
+            },
+        ) = (contract, effect, &record.state)
+        {
+            let job_id = job_id.clone();
+            let outcome = self
+                .poll_job(
+                    contract,
+                    record,
+                    &job_id,
+                    effect,
+                    super::jobs::Poller::Delivery,
+                )
+                .await;
+            let record = self.store.get(key).await?.ok_or_else(|| {
+                store::Error::Corrupt(format!("{key} vanished while its job was polled"))
+            })?;
+            return Ok(Some(StatusRead::Found { record, outcome }));
+        }
+        let outcome = machine::status_outcome(contract, &record, self.now());
+        Ok(Some(StatusRead::Found { record, outcome }))
+    }
+}
