@@ -12,7 +12,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Status;
 use idemgate_core::record::{Digest, Dispatch, Record, RecordState};
 
-use crate::history::{Answer, Call, History, Verdict};
+use crate::history::{Answer, Call, History, Perform, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -30,6 +30,30 @@ fn violation(invariant: &'static str, detail: String) -> Result<(), Violation> {
     Err(Violation { invariant, detail })
 }
 
+/// A violation of a tolerated invariant is no failure.
+fn keep(result: Result<(), Violation>) -> Result<(), Violation> {
+    match result {
+        Err(v) if tolerated(v.invariant) => Ok(()),
+        other => other,
+    }
+}
+
+/// Invariants named in `IDEMGATE_SIM_TOLERATE` (comma-separated) are not reported: a way to
+/// explore past a known finding while it is being fixed. Never set in CI.
+pub fn tolerated(invariant: &str) -> bool {
+    static LIST: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    LIST.get_or_init(|| {
+        std::env::var("IDEMGATE_SIM_TOLERATE")
+            .unwrap_or_default()
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    })
+    .iter()
+    .any(|t| t == invariant)
+}
+
 pub const ONE_EFFECT: &str = "one_effect_per_key";
 pub const LABELS: &str = "applied_and_replayed_name_the_effect";
 pub const SAFE_TO_REPEAT: &str = "safe_to_repeat_only_without_effect";
@@ -41,43 +65,47 @@ pub const ANSWER_KEY: &str = "answer_names_its_key";
 pub const SETTLED: &str = "nothing_stays_stuck";
 pub const RECORDS: &str = "records_agree_with_the_ledger";
 pub const DECLARED: &str = "downstream_used_as_declared";
+pub const RETENTION: &str = "retention_counts_from_settlement";
 
 /// Every check over the history of calls and answers.
 pub fn check_history(h: &History) -> Result<(), Violation> {
     one_effect_per_key(h)?;
     if let Some(what) = h.misuse.first() {
-        return violation(DECLARED, what.clone());
+        keep(violation(DECLARED, what.clone()))?;
+    }
+    if let Some(what) = h.early_sweeps.first() {
+        keep(violation(RETENTION, what.clone()))?;
     }
     answers(h)?;
     sends(h)?;
     Ok(())
 }
 
-/// 1. At most one effect per operation key, ever — per life of the key: a key whose record a
+/// Invariant 1: at most one effect per operation key, ever — per life of the key: a key whose record a
 /// sweep purged may run again as a new operation, by design.
 pub fn one_effect_per_key(h: &History) -> Result<(), Violation> {
     let mut seen: BTreeMap<(&OperationKey, u64), usize> = BTreeMap::new();
     for e in h.ledger.effects.iter().filter(|e| !e.voided && !e.keyless) {
         let life = h.life_start(&e.key, e.sent_at);
         if let Some(first) = seen.insert((&e.key, life), e.number) {
-            return violation(
+            keep(violation(
                 ONE_EFFECT,
                 format!(
                     "{} has effects #{first} and #{} ({} sent by {} at step {})",
                     e.key, e.number, e.receipt.reference, e.worker, e.sent_at
                 ),
-            );
+            ))?;
         }
     }
     Ok(())
 }
 
-/// 2. and 3., and that every answer is about the key it was asked about.
+/// Invariants 2 and 3, and that every answer is about the key it was asked about.
 pub fn answers(h: &History) -> Result<(), Violation> {
     for a in &h.answers {
-        answer_names_its_key(a)?;
-        label(h, a)?;
-        safe_to_repeat(h, a)?;
+        keep(answer_names_its_key(a))?;
+        keep(label(h, a))?;
+        keep(safe_to_repeat(h, a))?;
     }
     Ok(())
 }
@@ -109,7 +137,7 @@ fn describe(a: &Answer) -> String {
     )
 }
 
-/// 2. Every `applied` / `replayed` names the key's one effect; an `applied` answer's task
+/// Invariant 2: every `applied` / `replayed` names the key's one effect; an `applied` answer's task
 /// sent for that key itself.
 fn label(h: &History, a: &Answer) -> Result<(), Violation> {
     let o = &a.outcome;
@@ -170,7 +198,7 @@ fn label(h: &History, a: &Answer) -> Result<(), Violation> {
     Ok(())
 }
 
-/// 3. `rejected` with `safe_to_repeat: true` only for a key with no effect from a send that
+/// Invariant 3: `rejected` with `safe_to_repeat: true` only for a key with no effect from a send that
 /// started before the answer (in the key's current life).
 fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
     let o = &a.outcome;
@@ -201,9 +229,17 @@ fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
     Ok(())
 }
 
-/// 4., 5., the dispatch marker, and the request sent being the request claimed.
+/// Invariants 4 and 5, the dispatch marker, and the request sent being the request claimed.
 pub fn sends(h: &History) -> Result<(), Violation> {
     for p in &h.performs {
+        keep(authorized(h, p))?;
+        keep(fenced(p))?;
+    }
+    Ok(())
+}
+
+fn authorized(h: &History, p: &Perform) -> Result<(), Violation> {
+    {
         // 4. The latest authorization-or-send event of this task for this key, before this
         // send, is an `Allowed` decision about the key's actor, taken before an effect.
         let same_key = |k: &Option<OperationKey>| {
@@ -217,13 +253,11 @@ pub fn sends(h: &History) -> Result<(), Violation> {
             .decisions
             .iter()
             .filter(|d| d.task == p.task && d.seq < p.seq && d.stage == AuthStage::BeforeEffect)
-            .filter(|d| same_key(&d.key))
-            .last();
+            .rfind(|d| same_key(&d.key));
         let last_send = h
             .performs
             .iter()
-            .filter(|q| q.task == p.task && q.seq < p.seq && q.key == p.key)
-            .last();
+            .rfind(|q| q.task == p.task && q.seq < p.seq && q.key == p.key);
         let owner = h.owners.get(&p.key);
         let fresh = match (last_decision, last_send) {
             (Some(d), Some(q)) if q.seq > d.seq => None,
@@ -264,8 +298,14 @@ pub fn sends(h: &History) -> Result<(), Violation> {
             }
             Some(_) => {}
         }
+    }
+    Ok(())
+}
+
+fn fenced(p: &Perform) -> Result<(), Violation> {
+    {
         if p.keyless {
-            continue;
+            return Ok(());
         }
         // 5. At the send's start the stored record is pending under this attempt, owned by
         // the sender.
@@ -329,7 +369,7 @@ pub fn sends(h: &History) -> Result<(), Violation> {
     Ok(())
 }
 
-/// 6. The records left after quiescence, against the ledger. `settled`: leases, windows and
+/// Invariant 6: the records left after quiescence, against the ledger. `settled`: leases, windows and
 /// retry windows have all passed, so nothing may still be pending or awaiting approval.
 pub fn check_records(
     h: &History,
@@ -538,7 +578,8 @@ mod tests {
 
     #[test]
     fn catches_hand_made_bad_histories() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut History)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut History)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             (
                 ONE_EFFECT,
                 Box::new(|h| h.ledger.effects.push(effect(2, "s1", "r2", 5))),

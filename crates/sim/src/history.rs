@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use idemgate_core::effect::AuthStage;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Outcome;
-use idemgate_core::record::{Receipt, Record};
+use idemgate_core::record::{Millis, Receipt, Record};
 use serde_json::Value;
 
 use crate::runtime::TaskId;
@@ -165,6 +165,13 @@ pub struct History {
     /// Calls the executor made that the contract does not allow (a lookup on a tool without
     /// one, a poll of another key's job).
     pub misuse: Vec<String>,
+    /// When each key last settled (by the clock), and whether straight into a tombstone.
+    pub settled_at: BTreeMap<OperationKey, (Millis, bool)>,
+    /// Record and tombstone lifetimes per tool, as the contracts declare them.
+    pub retention: BTreeMap<String, (Millis, Millis)>,
+    /// Sweeps that compacted or purged a record before its retention, counted from its
+    /// settlement, had passed.
+    pub early_sweeps: Vec<String>,
     /// Actors whose authorization is revoked right now (the oracle's state).
     pub revoked: BTreeSet<String>,
     seq: u64,

@@ -1,11 +1,144 @@
 //! idemgate's deterministic simulator.
 //!
-//! (Tour written once the pieces are wired; see the modules.)
+//! (Tour below, written with the pieces.)
 
 pub mod authorizer;
 pub mod checker;
 pub mod choices;
 pub mod downstream;
+pub mod explore;
 pub mod history;
 pub mod runtime;
+pub mod shrink;
 pub mod store;
+pub mod workload;
+pub mod world;
+
+use std::time::Instant;
+
+use choices::Choices;
+use world::StoreKind;
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match env(name) {
+        Some(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number")),
+        None => default,
+    }
+}
+
+fn forced_store() -> Option<StoreKind> {
+    match env("IDEMGATE_SIM_STORE").as_deref() {
+        None | Some("mix") => None,
+        Some("mem") => Some(StoreKind::Mem),
+        Some("sqlite") => Some(StoreKind::Sqlite),
+        Some(other) => panic!("IDEMGATE_SIM_STORE={other}: use mem, sqlite or mix"),
+    }
+}
+
+/// The `sim` test's body: replay one schedule, or explore many, as the environment says.
+pub fn main_from_env() {
+    let catalog = workload::Catalog::new();
+    let sqlite_percent = env_number("IDEMGATE_SIM_SQLITE_PERCENT", 10);
+    let budget = env_number("IDEMGATE_SIM_SHRINK_BUDGET", 2_000) as usize;
+    if let Some(text) = env("IDEMGATE_SIM_DRAWS") {
+        let draws = choices::decode(&text).unwrap_or_else(|e| panic!("IDEMGATE_SIM_DRAWS: {e}"));
+        let kind = forced_store().unwrap_or(StoreKind::Mem);
+        let run = explore::run(&catalog, kind, Choices::replay(draws), true);
+        print_replay(&run);
+        return;
+    }
+    if let Some(text) = env("IDEMGATE_SIM_SEED") {
+        let seed: u64 = text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("IDEMGATE_SIM_SEED={text} is not a number"));
+        let kind = forced_store().unwrap_or_else(|| explore::store_for(seed, sqlite_percent));
+        let run = explore::run(&catalog, kind, Choices::seeded(seed), true);
+        if run.violation.is_some() && env("IDEMGATE_SIM_SHRINK").is_some() {
+            let f = explore::shrink_failure(&catalog, seed, kind, &run, budget);
+            panic!("{}", f.report());
+        }
+        print_replay(&run);
+        return;
+    }
+    let schedules = env_number("IDEMGATE_SIM_SCHEDULES", 1_000);
+    let threads = env_number("IDEMGATE_SIM_THREADS", 2).max(1);
+    let base = env_number(
+        "IDEMGATE_SIM_BASE",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    let plan = explore::Plan {
+        base,
+        count: schedules,
+        forced: forced_store(),
+        sqlite_percent,
+        shrink_budget: budget,
+        keep_going: env("IDEMGATE_SIM_KEEP_GOING").is_some(),
+    };
+    let started = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| std::thread::spawn(move || explore::explore(plan, t, threads)))
+        .collect();
+    let results: Vec<explore::Explored> = handles
+        .into_iter()
+        .map(|h| h.join().expect("an exploring thread panicked"))
+        .collect();
+    let elapsed = started.elapsed();
+    let total: u64 = results.iter().map(|r| r.schedules).sum();
+    let mut stats = world::Stats::default();
+    let mut by_store = [0u64; 2];
+    let mut failing: std::collections::BTreeMap<&str, u64> = Default::default();
+    for r in &results {
+        for (k, v) in &r.failing {
+            *failing.entry(k).or_default() += v;
+        }
+        stats.add(&r.stats);
+        by_store[0] += r.by_store[0];
+        by_store[1] += r.by_store[1];
+    }
+    println!(
+        "simulated {total} schedules ({} mem, {} sqlite) from base {base} on {threads} threads in {:.1}s: \
+         {:.0}/s; {} steps, {} deliveries, {} crashes, {} effects, {} store writes, answers {:?}",
+        by_store[0],
+        by_store[1],
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        stats.steps,
+        stats.deliveries,
+        stats.crashes,
+        stats.effects,
+        stats.writes,
+        stats.answers
+    );
+    let mut reported = std::collections::BTreeSet::new();
+    let mut reports = String::new();
+    for f in results.iter().flat_map(|r| &r.failures) {
+        if reported.insert(f.violation.invariant) {
+            reports.push_str(&f.report());
+        }
+    }
+    if !failing.is_empty() {
+        panic!("failing schedules by invariant: {failing:?}\n{reports}");
+    }
+}
+
+fn print_replay(run: &world::Run) {
+    for line in &run.trace {
+        println!("{line}");
+    }
+    println!("draws: {}", choices::encode(&run.draws));
+    if let Some(v) = &run.violation {
+        panic!("schedule failed: {v}");
+    }
+    println!("schedule passed every check");
+}

@@ -519,8 +519,7 @@ mod tests {
             rt.poll(runnable[i]);
         }
         assert!(rt.is_empty());
-        let out = log.lock().unwrap().clone();
-        out
+        log.lock().unwrap().clone()
     }
 
     #[test]

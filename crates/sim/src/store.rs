@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Digest, Dispatch, Event, Millis, Record, RecordState};
+use idemgate_core::record::{Digest, Dispatch, Event, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
 };
@@ -155,7 +155,12 @@ impl<S: Store> Store for SimStore<S> {
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
         Box::pin(async move {
             self.before_read("get").await?;
-            block_on(self.inner.get(key))
+            let found = block_on(self.inner.get(key))?;
+            self.sim.lock().note(|| match &found {
+                Some(r) => format!("store.get {key}: {} fence {}", brief(&r.state), r.fence),
+                None => format!("store.get {key}: none"),
+            });
+            Ok(found)
         })
     }
 
@@ -193,8 +198,19 @@ impl<S: Store> Store for SimStore<S> {
             let cas = block_on(self.inner.transition(transition))?;
             {
                 let mut s = self.sim.lock();
-                if let Cas::Done(_) = &cas {
+                if let Cas::Done(r) = &cas {
                     s.history.writes += 1;
+                    let was_settled = matches!(
+                        from,
+                        RecordStatus::Applied
+                            | RecordStatus::FailedPermanent
+                            | RecordStatus::Tombstone
+                    );
+                    if r.is_settled() && !was_settled {
+                        let now = s.now;
+                        let direct = r.status() == RecordStatus::Tombstone;
+                        s.history.settled_at.insert(key.clone(), (now, direct));
+                    }
                 }
                 s.note(|| match &cas {
                     Cas::Done(r) => format!(
