@@ -378,6 +378,13 @@ pub fn check_records(
     settled: bool,
 ) -> Result<(), Violation> {
     for r in records {
+        keep(check_record(h, r, step, settled))?;
+    }
+    Ok(())
+}
+
+fn check_record(h: &History, r: &Record, step: u64, settled: bool) -> Result<(), Violation> {
+    {
         let key = &r.key;
         let life = h.life_start(key, step);
         let current = || h.ledger.effects_of(key).find(|e| e.sent_at >= life);

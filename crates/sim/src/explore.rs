@@ -36,15 +36,86 @@ pub fn store_for(seed: u64, sqlite_percent: u64) -> StoreKind {
 
 /// The stores a schedule can run on in this build.
 pub fn stores() -> Vec<StoreKind> {
-    vec![StoreKind::Mem]
+    if cfg!(feature = "sqlite") {
+        vec![StoreKind::Mem, StoreKind::Sqlite]
+    } else {
+        vec![StoreKind::Mem]
+    }
 }
 
 /// Runs one schedule from `choices` on a fresh store of `kind`.
 pub fn run(catalog: &Catalog, kind: StoreKind, choices: Choices, trace: bool) -> Run {
     match kind {
         StoreKind::Mem => world::run(catalog, Arc::new(MemStore::new()), choices, trace),
-        // Until the SQLite store is wired, its schedules run on the reference store.
-        StoreKind::Sqlite => world::run(catalog, Arc::new(MemStore::new()), choices, trace),
+        StoreKind::Sqlite => sqlite::run(catalog, choices, trace),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use idemgate_store_sqlite::{Options, SqliteStore, Synchronous};
+
+    use crate::choices::Choices;
+    use crate::workload::Catalog;
+    use crate::world::{self, Run};
+
+    /// A database file of its own for one schedule, removed afterwards.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new() -> Scratch {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            Scratch(
+                std::env::temp_dir().join(format!("idemgate-sim-{}-{n}.db", std::process::id())),
+            )
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut p = self.0.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+
+    pub fn run(catalog: &Catalog, choices: Choices, trace: bool) -> Run {
+        let scratch = Scratch::new();
+        // Without fsync: the simulation crashes processes, not machines, and a schedule's
+        // file lives for milliseconds.
+        let options = Options {
+            synchronous: Synchronous::Off,
+            ..Options::default()
+        };
+        let store = SqliteStore::open(&scratch.0, options)
+            .unwrap_or_else(|e| panic!("opening the simulation's SQLite file: {e}"));
+        let run = world::run(catalog, Arc::new(store), choices, trace);
+        drop(scratch);
+        run
+    }
+}
+
+#[cfg(not(feature = "sqlite"))]
+mod sqlite {
+    use std::sync::Arc;
+
+    use idemgate_conformance::mem::MemStore;
+
+    use crate::choices::Choices;
+    use crate::workload::Catalog;
+    use crate::world::{self, Run};
+
+    /// Without the SQLite store in this build, its share of schedules runs on the reference
+    /// store.
+    pub fn run(catalog: &Catalog, choices: Choices, trace: bool) -> Run {
+        world::run(catalog, Arc::new(MemStore::new()), choices, trace)
     }
 }
 

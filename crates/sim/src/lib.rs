@@ -1,6 +1,58 @@
-//! idemgate's deterministic simulator.
+//! idemgate's deterministic simulator: the real `Executor` and `Recoverer` of
+//! `idemgate-engine`, in simulated processes that crash, over a real store, a simulated
+//! downstream, clock, timer and authorization hook — one thread, one seed, every step chosen —
+//! with every history checked against the invariants of DESIGN.md section 3. In the manner of
+//! FoundationDB's and TigerBeetle's simulation testing.
 //!
-//! (Tour below, written with the pieces.)
+//! Reading order:
+//!
+//! - [`choices::Choices`] — the one source of every decision: a seeded RNG whose draws are
+//!   recorded, or a recorded list replayed (0 once it runs out). 0 is always the tame option.
+//! - [`runtime`] — a minimal executor of boxed futures tagged with a process id; every simulated
+//!   call is a yield point where the scheduler may run another task or crash the process; a
+//!   simulated clock and timer ([`runtime::SimClock`], [`runtime::SimTimer`]).
+//! - [`store::SimStore`] — wraps any store (the reference [`MemStore`], SQLite): yield points
+//!   before and after each write, injected `Unavailable` and commit-then-`Ambiguous` faults.
+//! - [`downstream::SimDownstream`] — the system of record, per tool: deduplicating or not,
+//!   lookups or not, jobs or not, with its own ledger of effects and a drawn fault per call.
+//! - [`authorizer::SimAuthorizer`] — the authorization oracle: revocations toggled by the
+//!   schedule, every decision logged.
+//! - [`history::History`] — what happened, as the checker reads it; [`checker`] — the
+//!   invariants, each a named [`checker::Violation`].
+//! - [`workload`] — the contract variants (built from YAML) and the small key space;
+//!   [`world`] — one schedule: main phase, quiescence, final checks.
+//! - [`shrink`] — deletes and lowers draws of a failing schedule while it still fails;
+//!   [`explore`] — many seeds on two threads, and the report of a failure.
+//!
+//! # Running
+//!
+//! `cargo test -p idemgate-sim sim` explores; the environment steers it:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `IDEMGATE_SIM_SCHEDULES` | schedules to explore (default 1000; CI sets 100000) |
+//! | `IDEMGATE_SIM_THREADS` | threads, each with its own seeds (default 2) |
+//! | `IDEMGATE_SIM_BASE` | base of the seeds (default: from the clock, printed) |
+//! | `IDEMGATE_SIM_STORE` | `mem`, `sqlite` or `mix` (default: by seed) |
+//! | `IDEMGATE_SIM_SQLITE_PERCENT` | share of seeds run on SQLite under `mix` (default 10) |
+//! | `IDEMGATE_SIM_SEED` | replay exactly this schedule and print its trace |
+//! | `IDEMGATE_SIM_DRAWS` | replay this draw list (as a failure report prints it) |
+//! | `IDEMGATE_SIM_SHRINK` | with `IDEMGATE_SIM_SEED`: also shrink it if it fails |
+//! | `IDEMGATE_SIM_SHRINK_BUDGET` | replays a shrink may try (default 2000) |
+//! | `IDEMGATE_SIM_KEEP_GOING` | go on after a failure; report the first of each invariant |
+//! | `IDEMGATE_SIM_TOLERATE` | invariants not to report (comma-separated): to explore past a known finding; never in CI |
+//!
+//! A failure prints the invariant, the seed and store, the shrunk draws, and the shrunk
+//! schedule's trace, one line per step:
+//!
+//! ```text
+//! IDEMGATE_SIM_SEED=2217980680143549128 IDEMGATE_SIM_STORE=mem cargo test -p idemgate-sim sim
+//! IDEMGATE_SIM_DRAWS=0x7.93.0.60.0x8.77 IDEMGATE_SIM_STORE=mem cargo test -p idemgate-sim sim
+//! ```
+//!
+//! The same seed gives the same trace, byte for byte (`same_seed_same_trace`).
+//!
+//! [`MemStore`]: idemgate_conformance::mem::MemStore
 
 pub mod authorizer;
 pub mod checker;
