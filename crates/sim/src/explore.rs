@@ -129,6 +129,9 @@ pub struct Failure {
     pub trace: Vec<String>,
     pub attempts: usize,
     pub shrink_time: Duration,
+    /// Schedules this thread had run when it found it, and how long that took.
+    pub found_after: u64,
+    pub found_in: Duration,
 }
 
 impl Failure {
@@ -136,11 +139,14 @@ impl Failure {
     pub fn report(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "\nschedule failed: {}\n\nseed {} on {} ({} draws, shrunk to {} in {} replays, {:.1}s)\n\
+            "\nschedule failed: {}\n\nfound by one thread after {} schedules ({:.2}s)\n\
+             seed {} on {} ({} draws, shrunk to {} in {} replays, {:.1}s)\n\
              replay the original:  IDEMGATE_SIM_SEED={} IDEMGATE_SIM_STORE={} cargo test -p idemgate-sim sim\n\
              replay the shrunk:    IDEMGATE_SIM_DRAWS={} IDEMGATE_SIM_STORE={} cargo test -p idemgate-sim sim\n\n\
              shrunk trace:\n",
             self.violation,
+            self.found_after,
+            self.found_in.as_secs_f64(),
             self.seed,
             self.kind.as_str(),
             self.original_draws,
@@ -189,6 +195,8 @@ pub fn shrink_failure(
         trace: last.trace,
         attempts: shrunk.attempts,
         shrink_time: started.elapsed(),
+        found_after: 0,
+        found_in: Duration::ZERO,
     }
 }
 
@@ -243,8 +251,11 @@ pub fn explore(plan: Plan, first: u64, stride: u64) -> Explored {
             let n = out.failing.entry(v.invariant).or_default();
             *n += 1;
             if *n == 1 {
-                out.failures
-                    .push(shrink_failure(&catalog, seed, kind, &r, plan.shrink_budget));
+                let found_in = started.elapsed();
+                let mut f = shrink_failure(&catalog, seed, kind, &r, plan.shrink_budget);
+                f.found_after = out.schedules;
+                f.found_in = found_in;
+                out.failures.push(f);
             }
             if !plan.keep_going {
                 break;
