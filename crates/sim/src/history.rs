@@ -81,6 +81,15 @@ impl Ledger {
         self.effects_of(key).next()
     }
 
+    /// The effect of `key` as an operator who looks at the system of record sees it: committed,
+    /// and, for a job, finished.
+    pub fn finished<'a>(&'a self, key: &'a OperationKey) -> Option<&'a Effect> {
+        self.committed(key).filter(|e| match &e.job {
+            None => true,
+            Some(j) => self.jobs.get(j).is_some_and(|j| j.state == JobState::Done),
+        })
+    }
+
     pub fn in_flight(&self, key: &OperationKey) -> bool {
         self.in_flight.get(key).copied().unwrap_or(0) > 0
     }

@@ -151,6 +151,91 @@ impl<S: Store> SimStore<S> {
     }
 }
 
+impl<S: Store> SimStore<S> {
+    /// Notes what a sweep did, and whether it kept each record as long as its contract says,
+    /// counted from settlement: compacted no earlier than `record_ttl` after it settled, purged
+    /// no earlier than `record_ttl + tombstone_ttl` after (`tombstone_ttl` for a record that
+    /// settled straight into a tombstone), and never a record that had not settled.
+    fn audit_sweep(
+        &self,
+        environment: &str,
+        now: Millis,
+        before: Vec<(OperationKey, Option<Record>)>,
+        report: SweepReport,
+    ) {
+        let mut gone = Vec::new();
+        let mut early = Vec::new();
+        for (key, was) in before {
+            let Some(was) = was else { continue };
+            let after = self.peek(&key);
+            let s = self.sim.lock();
+            let (ttl, tomb) = s
+                .history
+                .retention
+                .get(&was.tool)
+                .copied()
+                .unwrap_or((0, 0));
+            let settled = s.history.settled_at.get(&key).copied();
+            let at = |t: Millis| t - s.start;
+            let compacted = after.as_ref().is_some_and(|a| {
+                a.status() == RecordStatus::Tombstone && was.status() != RecordStatus::Tombstone
+            });
+            match (&after, settled) {
+                (None, Some((settled, direct))) => {
+                    let keep = if direct { tomb } else { ttl + tomb };
+                    if now < settled + keep {
+                        early.push(format!(
+                            "{key} purged at +{}ms, {}ms after it settled at +{}ms; it is kept {keep}ms",
+                            at(now),
+                            now - settled,
+                            at(settled)
+                        ));
+                    }
+                }
+                (Some(_), Some((settled, _))) if compacted && now < settled + ttl => {
+                    early.push(format!(
+                        "{key} compacted at +{}ms, {}ms after it settled at +{}ms; it is kept {ttl}ms",
+                        at(now),
+                        now - settled,
+                        at(settled)
+                    ));
+                }
+                (None, None) => early.push(format!(
+                    "{key} purged from {}, which never settled",
+                    brief(&was.state)
+                )),
+                (Some(_), None) if compacted => early.push(format!(
+                    "{key} compacted from {}, which never settled",
+                    brief(&was.state)
+                )),
+                (Some(_), _) => {}
+            }
+            if after.is_none() {
+                gone.push(key);
+            }
+        }
+        let mut s = self.sim.lock();
+        let step = s.step;
+        for k in &gone {
+            s.history.claimed.remove(k);
+            s.history.settled_at.remove(k);
+            s.history.purges.entry(k.clone()).or_default().push(step);
+        }
+        for e in early {
+            s.note(|| format!("store.sweep too early: {e}"));
+            s.history.early_sweeps.push(e);
+        }
+        s.note(|| {
+            format!(
+                "store.sweep {environment}: compacted {}, purged {} {:?}",
+                report.compacted,
+                report.purged,
+                gone.iter().map(|k| k.as_str()).collect::<Vec<_>>()
+            )
+        });
+    }
+}
+
 impl<S: Store> Store for SimStore<S> {
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
         Box::pin(async move {
@@ -195,6 +280,7 @@ impl<S: Store> Store for SimStore<S> {
             let key = transition.key.clone();
             let from = transition.expect.status;
             let expected = transition.expect.fence;
+            let stamped = transition.now;
             let cas = block_on(self.inner.transition(transition))?;
             {
                 let mut s = self.sim.lock();
@@ -207,7 +293,9 @@ impl<S: Store> Store for SimStore<S> {
                             | RecordStatus::Tombstone
                     );
                     if r.is_settled() && !was_settled {
-                        let now = s.now;
+                        // The executor's instant of settlement, which the expiry counts from
+                        // (the write itself may land later, as a slow store's would).
+                        let now = stamped;
                         let direct = r.status() == RecordStatus::Tombstone;
                         s.history.settled_at.insert(key.clone(), (now, direct));
                     }
@@ -275,30 +363,20 @@ impl<S: Store> Store for SimStore<S> {
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         Box::pin(async move {
             self.before_write("sweep").await?;
+            // What each known record was before the sweep, read outside the simulation, to
+            // tell which ones it compacted and purged.
+            let known: Vec<OperationKey> =
+                self.sim.lock().history.claimed.iter().cloned().collect();
+            let before: Vec<(OperationKey, Option<Record>)> = known
+                .into_iter()
+                .map(|k| {
+                    let r = self.peek(&k);
+                    (k, r)
+                })
+                .collect();
             let report = block_on(self.inner.sweep(environment, now, limit))?;
             if report.compacted + report.purged > 0 {
-                let known: Vec<OperationKey> =
-                    self.sim.lock().history.claimed.iter().cloned().collect();
-                // Which keys the sweep deleted: read outside the simulation, so the checker
-                // knows a later delivery of one is a new operation.
-                let gone: Vec<OperationKey> = known
-                    .into_iter()
-                    .filter(|k| self.peek(k).is_none())
-                    .collect();
-                let mut s = self.sim.lock();
-                let step = s.step;
-                for k in &gone {
-                    s.history.claimed.remove(k);
-                    s.history.purges.entry(k.clone()).or_default().push(step);
-                }
-                s.note(|| {
-                    format!(
-                        "store.sweep {environment}: compacted {}, purged {} {:?}",
-                        report.compacted,
-                        report.purged,
-                        gone.iter().map(|k| k.as_str()).collect::<Vec<_>>()
-                    )
-                });
+                self.audit_sweep(environment, now, before, report);
             }
             self.after_write("sweep", report).await
         })

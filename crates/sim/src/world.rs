@@ -469,12 +469,15 @@ impl<S: Store> Schedule<'_, S> {
                     let resolution = {
                         let s = sim.lock();
                         let ledger = &s.history.ledger;
-                        match (ledger.committed(&key), ledger.in_flight(&key), how % 2) {
+                        // Applied only with a finished effect; not applied only when there is
+                        // none at all (a running job is one), and nothing in flight.
+                        let none = ledger.committed(&key).is_none() && !ledger.in_flight(&key);
+                        match (ledger.finished(&key), none, how % 2) {
                             (Some(e), _, 0) => Some(Resolution::Applied {
                                 reference: e.receipt.reference.clone(),
                                 result: e.receipt.result.clone(),
                             }),
-                            (None, false, 0) => Some(Resolution::NotApplied),
+                            (None, true, 0) => Some(Resolution::NotApplied),
                             _ => None,
                         }
                     };
