@@ -9,7 +9,7 @@ use std::fmt;
 
 use idemgate_core::effect::AuthStage;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::Status;
+use idemgate_core::outcome::{ErrorCode, Status};
 use idemgate_core::record::{Digest, Dispatch, Record, RecordState};
 
 use crate::history::{Answer, Call, History, Perform, Verdict};
@@ -57,6 +57,9 @@ pub fn tolerated(invariant: &str) -> bool {
 pub const ONE_EFFECT: &str = "one_effect_per_key";
 pub const LABELS: &str = "applied_and_replayed_name_the_effect";
 pub const SAFE_TO_REPEAT: &str = "safe_to_repeat_only_without_effect";
+/// The same rule, for a rejection given before the key's record was read (invalid arguments):
+/// named apart, because the executor then cannot know, and the fix differs.
+pub const SAFE_UNREAD: &str = "safe_to_repeat_only_without_effect_unread";
 pub const AUTHORIZED: &str = "no_send_without_fresh_authorization";
 pub const FENCED: &str = "no_stale_attempt_sends";
 pub const MARKER: &str = "dispatch_marker_before_send";
@@ -210,13 +213,21 @@ fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
         return Ok(());
     };
     let life = h.life_start(key, a.step);
+    let unread = matches!(
+        o.error_code(),
+        Some(
+            ErrorCode::InvalidArguments
+                | ErrorCode::MissingOperationKey
+                | ErrorCode::InvalidOperationKey
+        )
+    );
     if let Some(e) = h
         .ledger
         .effects_of(key)
         .find(|e| e.sent_at >= life && e.sent_at < a.step)
     {
         return violation(
-            SAFE_TO_REPEAT,
+            if unread { SAFE_UNREAD } else { SAFE_TO_REPEAT },
             format!(
                 "{}, but {key} has effect #{} ({}) sent at step {}",
                 describe(a),
@@ -461,7 +472,7 @@ fn check_record(h: &History, r: &Record, step: u64, settled: bool) -> Result<(),
 mod tests {
     use idemgate_core::effect::AuthStage;
     use idemgate_core::fingerprint::Fingerprint;
-    use idemgate_core::outcome::{ErrorCode, Outcome};
+    use idemgate_core::outcome::Outcome;
     use idemgate_core::record::{Lease, Receipt, Refusal};
     use serde_json::json;
 
