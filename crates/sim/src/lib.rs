@@ -34,7 +34,7 @@
 //! | `IDEMGATE_SIM_THREADS` | threads, each with its own seeds (default 2) |
 //! | `IDEMGATE_SIM_BASE` | base of the seeds (default: from the clock, printed) |
 //! | `IDEMGATE_SIM_STORE` | `mem`, `sqlite` or `mix` (default: by seed) |
-//! | `IDEMGATE_SIM_SQLITE_PERCENT` | share of seeds run on SQLite under `mix` (default 10) |
+//! | `IDEMGATE_SIM_SQLITE_PERCENT` | share of seeds run on SQLite under `mix` (default 3) |
 //! | `IDEMGATE_SIM_SEED` | replay exactly this schedule and print its trace |
 //! | `IDEMGATE_SIM_DRAWS` | replay this draw list (as a failure report prints it) |
 //! | `IDEMGATE_SIM_SHRINK` | with `IDEMGATE_SIM_SEED`: also shrink it if it fails |
@@ -97,7 +97,7 @@ fn forced_store() -> Option<StoreKind> {
 /// The `sim` test's body: replay one schedule, or explore many, as the environment says.
 pub fn main_from_env() {
     let catalog = workload::Catalog::new();
-    let sqlite_percent = env_number("IDEMGATE_SIM_SQLITE_PERCENT", 10);
+    let sqlite_percent = env_number("IDEMGATE_SIM_SQLITE_PERCENT", 3);
     let budget = env_number("IDEMGATE_SIM_SHRINK_BUDGET", 2_000) as usize;
     if let Some(text) = env("IDEMGATE_SIM_DRAWS") {
         let draws = choices::decode(&text).unwrap_or_else(|e| panic!("IDEMGATE_SIM_DRAWS: {e}"));
