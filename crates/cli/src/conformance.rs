@@ -24,6 +24,9 @@ pub struct ConformanceArgs {
     /// Run only scenarios whose name contains this text.
     #[arg(long)]
     pub only: Option<String>,
+    /// Print the scenarios' names (those `--only` selects, with it) instead of running them.
+    #[arg(long)]
+    pub list: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,15 +118,41 @@ impl Tools for One {
 }
 
 pub async fn run(args: ConformanceArgs) -> anyhow::Result<bool> {
-    match args.command {
-        Some(ConformanceCommand::Worker(w)) => worker(w).await.map(|()| true),
-        None => matrix(args.only.as_deref()).await,
+    if let Some(ConformanceCommand::Worker(w)) = args.command {
+        return worker(w).await.map(|()| true);
     }
+    let scenarios = selected(args.only.as_deref())?;
+    if args.list {
+        for (name, _) in scenarios {
+            println!("{name}");
+        }
+        return Ok(true);
+    }
+    matrix(scenarios).await
 }
 
-/// Runs every scenario against a fresh embedded store and prints a table.
-async fn matrix(only: Option<&str>) -> anyhow::Result<bool> {
-    let scenarios = idemgate_conformance::scenarios::all();
+type Scenario = (
+    &'static str,
+    fn(Arc<dyn Store>) -> idemgate_core::store::BoxFuture<'static, ()>,
+);
+
+/// The scenarios `only` selects. A filter that selects none is an error, not an empty pass: a
+/// misspelt name in a CI script would otherwise report success having checked nothing.
+fn selected(only: Option<&str>) -> anyhow::Result<Vec<Scenario>> {
+    let mut scenarios = idemgate_conformance::scenarios::all();
+    if let Some(o) = only {
+        scenarios.retain(|(name, _)| name.contains(o));
+        if scenarios.is_empty() {
+            anyhow::bail!(
+                "no conformance scenario's name contains `{o}`; `idemgate conformance --list` prints their names"
+            );
+        }
+    }
+    Ok(scenarios)
+}
+
+/// Runs the scenarios against a fresh embedded store each and prints a table.
+async fn matrix(scenarios: Vec<Scenario>) -> anyhow::Result<bool> {
     let mut failed = Vec::new();
     let mut ran = 0;
     // Scenario assertions panic; keep their messages for the summary instead of the default
@@ -131,9 +160,6 @@ async fn matrix(only: Option<&str>) -> anyhow::Result<bool> {
     std::panic::set_hook(Box::new(|_| {}));
     println!("idemgate conformance — the fault matrix on embedded SQLite\n");
     for (name, scenario) in scenarios {
-        if only.is_some_and(|o| !name.contains(o)) {
-            continue;
-        }
         ran += 1;
         let dir = tempfile::tempdir()?;
         let store = idemgate_store_sqlite::SqliteStore::open(
@@ -319,6 +345,7 @@ async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
         let recoverer = Recoverer::new(
             executor.clone(),
             Arc::new(One(contract.clone(), ledger.clone())),
+            "test",
         )
         .with_batch(1000);
         let mut total = 0;

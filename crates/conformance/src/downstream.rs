@@ -63,6 +63,9 @@ pub enum Fault {
     Delay(Duration),
     /// No effect; the version precondition did not hold.
     PreconditionFailed,
+    /// A `503 Service Unavailable` with `Retry-After`: ambiguous (a 5xx may come after a
+    /// commit), with the downstream's advice on when to ask again. Commits first when `commit`.
+    Unavailable { retry_after: u64, commit: bool },
 }
 
 /// Reasons the fake gives in ambiguous and not-sent answers.
@@ -73,6 +76,7 @@ pub mod reason {
     pub const TIMEOUT: &str = "timed out waiting for the downstream";
     pub const REFUSED_CONNECTION: &str = "connection refused";
     pub const PRECONDITION: &str = "version precondition did not hold";
+    pub const UNAVAILABLE: &str = "downstream answered 503 Service Unavailable";
 }
 
 /// One committed effect, as the system of record sees it.
@@ -132,6 +136,8 @@ struct State {
     /// Accepted jobs by id, and their ids in acceptance order.
     jobs: HashMap<String, Job>,
     job_order: Vec<String>,
+    /// Jobs whose polls answer `Gone`.
+    forgotten: Vec<String>,
     tickets: u64,
     calls: u64,
     deduplicated: u64,
@@ -187,6 +193,8 @@ enum Plan {
 enum Answer {
     Receipt,
     Ambiguous(&'static str),
+    /// A 503 with this `Retry-After` after the commit.
+    Busy(u64),
     Slow(Duration),
 }
 
@@ -344,6 +352,11 @@ impl FakeDownstream {
         refusal
     }
 
+    /// Forgets a job, as a downstream that expired or lost it: its polls answer `Gone`.
+    pub fn forget_job(&self, job_id: &str) {
+        self.lock().forgotten.push(job_id.to_string());
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A test that panicked with the lock held reports itself; the table stays readable.
         self.inner
@@ -382,6 +395,19 @@ impl Downstream for FakeDownstream {
                 Some(Fault::Refuse { code, message }) => Plan::Refuse(Refusal { code, message }),
                 Some(Fault::PreconditionFailed) => Plan::PreconditionFailed,
                 Some(Fault::AcceptJob) => Plan::AcceptJob,
+                Some(Fault::Unavailable {
+                    retry_after,
+                    commit: false,
+                }) => {
+                    return EffectOutcome::Ambiguous {
+                        reason: reason::UNAVAILABLE.into(),
+                        retry_after: Some(retry_after),
+                    };
+                }
+                Some(Fault::Unavailable {
+                    retry_after,
+                    commit: true,
+                }) => Plan::Commit(Answer::Busy(retry_after)),
             };
 
             self.inner.before_commit.pass().await;
@@ -402,6 +428,10 @@ impl Downstream for FakeDownstream {
             match answer {
                 Answer::Receipt => EffectOutcome::Committed(receipt),
                 Answer::Ambiguous(reason) => EffectOutcome::ambiguous(reason),
+                Answer::Busy(retry_after) => EffectOutcome::Ambiguous {
+                    reason: reason::UNAVAILABLE.into(),
+                    retry_after: Some(retry_after),
+                },
                 Answer::Slow(delay) => {
                     tokio::time::sleep(delay).await;
                     EffectOutcome::Committed(receipt)
@@ -430,8 +460,12 @@ impl Downstream for FakeDownstream {
         Box::pin(async move {
             let mut state = self.lock();
             state.polls += 1;
+            if state.forgotten.iter().any(|id| id == job_id) {
+                return JobStatus::Gone(format!("job `{job_id}` is no longer known"));
+            }
             match state.jobs.get(job_id) {
-                None => JobStatus::Unavailable(format!("no job `{job_id}`")),
+                // Like a poll answered 404: the downstream no longer knows the job.
+                None => JobStatus::Gone(format!("no job `{job_id}`")),
                 // Answering another operation's job would let one key settle another's record.
                 Some(job) if &job.key != key => {
                     JobStatus::Unavailable(format!("job `{job_id}` belongs to another operation"))
@@ -680,7 +714,7 @@ mod tests {
         ));
         assert!(matches!(
             fake.poll_job(&k, "job_99").await,
-            JobStatus::Unavailable(_)
+            JobStatus::Gone(_)
         ));
         assert_eq!(fake.polls(), 4);
     }

@@ -639,7 +639,7 @@ async fn over_http(kind: Kind, key: &OperationKey, outcome: EffectOutcome) -> Do
             Done::Answer(error(StatusCode::PRECONDITION_FAILED, &m))
         }
         EffectOutcome::NotSent { .. } => Done::Answer(status_answer(429, Some(1))),
-        EffectOutcome::Ambiguous { reason } => match reason.as_str() {
+        EffectOutcome::Ambiguous { reason, .. } => match reason.as_str() {
             reason::DROPPED => Done::Drop,
             reason::MALFORMED => Done::Answer(invalid_json()),
             reason::TIMEOUT => {
@@ -855,7 +855,9 @@ async fn poll_job(
             StatusCode::OK,
             json!({ "job_id": id, "status": "failed", "error": refusal.message }),
         ),
-        JobStatus::Unavailable(_) => error(StatusCode::NOT_FOUND, "no such job"),
+        JobStatus::Gone(_) | JobStatus::Unavailable(_) => {
+            error(StatusCode::NOT_FOUND, "no such job")
+        }
     }
 }
 

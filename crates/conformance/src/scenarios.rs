@@ -16,7 +16,7 @@ use idemgate_core::effect::Authorization;
 use idemgate_core::outcome::{ErrorCode, NextAction, Status};
 use idemgate_core::record::{EventKind, RecordState, RecordStatus};
 use idemgate_core::store::Store;
-use idemgate_engine::{Recoverer, Resolution, StatusRead, Tools};
+use idemgate_engine::{ActionError, Recoverer, Resolution, StatusRead, Tools};
 use serde_json::json;
 
 use crate::downstream::{FakeDownstream, Fault};
@@ -68,6 +68,24 @@ macro_rules! __idemgate_scenarios {
             replay_never_writes,
             settled_replays_read_no_row_until_near_expiry,
             operator_resolves_unknown_as_applied,
+            approval_denied_by_the_recheck_is_not_sent_by_the_recoverer,
+            released_claim_is_run_only_by_a_new_delivery,
+            not_applied_with_a_revoked_actor_is_never_sent,
+            recovery_rechecks_the_recorded_actor,
+            expired_approval_is_refused_never_replayed,
+            late_delivery_for_an_applied_effect_is_not_safe_to_repeat,
+            refused_resend_after_a_lost_answer_is_unknown,
+            not_processed_resend_after_a_lost_answer_stays_ambiguous,
+            retention_counts_from_settlement,
+            keyless_calls_never_share_an_idempotency_key,
+            takeover_sends_the_claimed_request,
+            stuck_records_do_not_block_the_recoverer,
+            persistent_server_errors_end_unknown_within_bounds,
+            forgotten_job_ends_unknown,
+            operator_reconciles_any_unsettled_record,
+            status_read_rechecks_the_reader,
+            concurrent_duplicate_intents_run_once,
+            recoverer_and_sweeper_stay_in_their_environment,
         );
     };
     (@each [tests $fresh:tt] $($name:ident),* $(,)?) => {
@@ -1155,4 +1173,652 @@ pub async fn operator_resolves_unknown_as_applied(store: Arc<dyn Store>) {
     // A pause long enough to prove nothing runs in the background on its own.
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(h.downstream.calls(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The paths between the tables: each guards a defect found by reading the code between the
+// scenarios above, and counts effects on the downstream's own side.
+
+fn recoverer_for(h: &Harness, c: &Arc<Contract>) -> Recoverer {
+    Recoverer::new(
+        h.worker("recoverer"),
+        Arc::new(OneTool(c.clone(), Arc::new(h.downstream.clone()))),
+        ENVIRONMENT,
+    )
+}
+
+fn denied() -> Authorization {
+    Authorization::Denied("the actor was revoked".into())
+}
+
+/// An approval whose authorization recheck is denied releases the claim; the recoverer never
+/// sends it, and only a new, authorized delivery runs it.
+pub async fn approval_denied_by_the_recheck_is_not_sent_by_the_recoverer(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().approval("always");
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let recoverer = recoverer_for(&h, &c);
+    assert_eq!(
+        h.deliver(&c, "s1", &ticket("Refund")).await.next_action,
+        NextAction::AskForApproval
+    );
+    h.auth.set(denied());
+    let approved = h
+        .executor
+        .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+        .await
+        .unwrap();
+    assert_eq!(
+        approved.error_code(),
+        Some(ErrorCode::Forbidden),
+        "{approved:?}"
+    );
+    assert!(approved.safe_to_repeat, "nothing was sent");
+    for _ in 0..3 {
+        h.expire_leases(&spec);
+        recoverer.run_once().await.unwrap();
+    }
+    assert_effects(&h, 0, "denied at approval, then the recoverer's passes");
+    // Still denied: a new delivery is refused too.
+    let again = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(again.error_code(), Some(ErrorCode::Forbidden), "{again:?}");
+    assert_effects(&h, 0, "a new delivery while denied");
+    // Allowed again: a new delivery runs it, once.
+    h.auth.set(Authorization::Allowed);
+    let retry = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(retry.status, Status::Applied, "{retry:?}");
+    assert_effects(&h, 1, "a new authorized delivery");
+}
+
+/// A claim released after a refused connection (or 408/425/429) is run again only by a new
+/// delivery: the recoverer leaves it alone, whether or not the actor is still allowed.
+pub async fn released_claim_is_run_only_by_a_new_delivery(store: Arc<dyn Store>) {
+    let spec = Spec::key_based();
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let recoverer = recoverer_for(&h, &c);
+    h.downstream.push_fault(Fault::NotSent);
+    let first = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(first.error_code(), Some(ErrorCode::DownstreamUnavailable));
+    h.auth.set(denied());
+    for _ in 0..3 {
+        h.expire_leases(&spec);
+        recoverer.run_once().await.unwrap();
+    }
+    h.auth.set(Authorization::Allowed);
+    recoverer.run_once().await.unwrap();
+    assert_effects(&h, 0, "a released claim and the recoverer");
+    assert_eq!(status_of(&h, "s1").await, RecordStatus::Pending);
+    let retry = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(retry.status, Status::Applied, "{retry:?}");
+    assert_effects(&h, 1, "the new delivery");
+}
+
+/// An operator's `not_applied` lets the key run again — by a new delivery, authorized afresh;
+/// never by the recoverer for a revoked actor.
+pub async fn not_applied_with_a_revoked_actor_is_never_sent(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().dedup(false).lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let recoverer = recoverer_for(&h, &c);
+    h.downstream.push_fault(Fault::Timeout);
+    let first = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(first.status, Status::Unknown, "{first:?}");
+    h.auth.set(denied());
+    h.executor
+        .reconcile(
+            &c,
+            &key("s1"),
+            Some(Resolution::NotApplied),
+            "operator-7",
+            &h.downstream,
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        h.expire_leases(&spec);
+        recoverer.run_once().await.unwrap();
+    }
+    let again = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(again.error_code(), Some(ErrorCode::Forbidden), "{again:?}");
+    assert_effects(&h, 0, "not applied, actor revoked");
+}
+
+/// The recoverer rechecks the recorded actor before it sends an abandoned claim.
+pub async fn recovery_rechecks_the_recorded_actor(store: Arc<dyn Store>) {
+    // Without deduplication: nothing was sent (the marker says so), so a denied recheck
+    // releases the claim. With deduplication: it may have been sent, so a denied recheck
+    // cannot resend and ends unknown.
+    for (spec, ends) in [
+        (
+            Spec::key_based().dedup(false).lookup(false),
+            RecordStatus::Pending,
+        ),
+        (Spec::key_based().lookup(false), RecordStatus::Unknown),
+    ] {
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s-{}", spec.deduplicates);
+        crash_after_claim(&h, &c, &step).await;
+        h.auth.set(denied());
+        h.expire_leases(&spec);
+        recoverer_for(&h, &c).run_once().await.unwrap();
+        assert_eq!(h.downstream.effects_for(&key(&step)), 0, "{step}");
+        assert_eq!(h.downstream.calls(), 0, "{step}: nothing was sent");
+        assert_eq!(status_of(&h, &step).await, ends, "{step}");
+        if ends == RecordStatus::Pending {
+            let lease = h.record(&step).await.unwrap();
+            assert_eq!(
+                lease.lease().and_then(|l| l.owner.clone()),
+                None,
+                "released"
+            );
+        }
+    }
+}
+
+/// An approval that nobody gives is never compacted into a tombstone: it expires as a refusal
+/// (nothing ran), and a late delivery never hears `replayed`, under any late-arrival policy.
+pub async fn expired_approval_is_refused_never_replayed(store: Arc<dyn Store>) {
+    for policy in ["tombstone", "reject", "reconcile"] {
+        let spec = Spec::key_based().approval("always").late_arrival(policy);
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s-{policy}");
+        h.deliver(&c, &step, &ticket("Refund")).await;
+        // Past the record's retention, before its approval window (1h) ends: still waiting.
+        h.clock.advance(30 * 60 * 1000);
+        h.executor.sweep(ENVIRONMENT, 100).await.unwrap();
+        assert_eq!(
+            status_of(&h, &step).await,
+            RecordStatus::AwaitingApproval,
+            "{policy}"
+        );
+        // Past the window: the recoverer expires it.
+        h.clock.advance(31 * 60 * 1000);
+        recoverer_for(&h, &c).run_once().await.unwrap();
+        let late = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(late.status, Status::Rejected, "{policy}: {late:?}");
+        assert_eq!(
+            late.error_code(),
+            Some(ErrorCode::ApprovalExpired),
+            "{policy}"
+        );
+        assert!(late.effect_reference.is_none());
+        // Compacted and past every retention: still not replayed.
+        h.clock.advance(2 * 3_600_000);
+        h.executor.sweep(ENVIRONMENT, 100).await.unwrap();
+        assert_eq!(
+            status_of(&h, &step).await,
+            RecordStatus::Tombstone,
+            "{policy}"
+        );
+        let later = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(later.status, Status::Rejected, "{policy}: {later:?}");
+        assert_eq!(
+            later.error_code(),
+            Some(ErrorCode::ApprovalExpired),
+            "{policy}"
+        );
+        assert!(later.effect_reference.is_none(), "{policy}");
+        assert_effects(&h, 0, "an approval nobody gave");
+    }
+}
+
+/// `expired_operation` for an effect that happened is not safe to repeat.
+pub async fn late_delivery_for_an_applied_effect_is_not_safe_to_repeat(store: Arc<dyn Store>) {
+    let (h, c, reference) = after_retention(store, "reject").await;
+    let late = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(late.error_code(), Some(ErrorCode::ExpiredOperation));
+    assert!(!late.safe_to_repeat, "the effect happened: {late:?}");
+    assert_eq!(late.effect_reference.as_deref(), Some(reference.as_str()));
+    assert_effects(&h, 1, "late arrival");
+}
+
+/// A downstream commits, the answer is lost, and the resend under the same key is refused: the
+/// refusal is no proof the first attempt did not commit. Without a receipt: `unknown`.
+pub async fn refused_resend_after_a_lost_answer_is_unknown(store: Arc<dyn Store>) {
+    let refusals = [
+        Fault::Refuse {
+            code: ErrorCode::DownstreamRejected,
+            message: "downstream answered 422 Unprocessable Entity".into(),
+        },
+        Fault::PreconditionFailed,
+    ];
+    for (i, refusal) in refusals.into_iter().enumerate() {
+        let spec = Spec::key_based().lookup(false);
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s{i}");
+        h.downstream.push_faults([Fault::CommitThenDrop, refusal]);
+        let o = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(o.status, Status::Unknown, "{o:?}");
+        assert!(!o.safe_to_repeat);
+        assert_eq!(status_of(&h, &step).await, RecordStatus::Unknown);
+        assert_eq!(h.downstream.effects_for(&key(&step)), 1);
+        // The next delivery hears unknown too, never a refusal that invites a new attempt.
+        let again = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(again.status, Status::Unknown, "{again:?}");
+    }
+    // With a receipt lookup, the first attempt's effect is found and recorded.
+    let spec = Spec::key_based();
+    let h = Harness::for_spec(store.clone(), &spec);
+    let c = spec.contract();
+    h.downstream.push_faults([
+        Fault::CommitThenDrop,
+        Fault::Refuse {
+            code: ErrorCode::DownstreamRejected,
+            message: "downstream answered 422 Unprocessable Entity".into(),
+        },
+    ]);
+    // The lookup right after the lost answer is unavailable, so the resend goes out first.
+    h.downstream.set_receipt_lookup(false);
+    let o = h.deliver(&c, "s-lookup", &ticket("Refund")).await;
+    assert_eq!(o.status, Status::Unknown, "{o:?}");
+    h.downstream.set_receipt_lookup(true);
+    let settled = h
+        .executor
+        .reconcile(&c, &key("s-lookup"), None, "operator-7", &h.downstream)
+        .await
+        .unwrap();
+    assert_eq!(settled.status, Status::Replayed, "{settled:?}");
+    assert_effects(&h, 1, "one effect, found by receipt");
+}
+
+/// A resend answered "not processed" (429) after a lost answer is still ambiguous: the claim is
+/// not released with "nothing sent", and recovery later settles it with the same key.
+pub async fn not_processed_resend_after_a_lost_answer_stays_ambiguous(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    h.downstream
+        .push_faults([Fault::CommitThenDrop, Fault::NotSent, Fault::NotSent]);
+    let o = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(o.status, Status::InFlight, "{o:?}");
+    assert!(!o.safe_to_repeat);
+    let record = h.record("s1").await.unwrap();
+    let RecordState::Pending { lease, dispatch } = &record.state else {
+        panic!("still pending: {record:?}");
+    };
+    assert_eq!(
+        dispatch,
+        &idemgate_core::record::Dispatch::Sent,
+        "maybe sent"
+    );
+    assert!(lease.owner.is_some(), "not released");
+    // Recovery resends under the same key; the deduplicating downstream answers the receipt.
+    h.clock.advance(2 * 60 * 1000);
+    recoverer_for(&h, &c).run_once().await.unwrap();
+    assert_eq!(status_of(&h, "s1").await, RecordStatus::Applied);
+    assert_eq!(
+        h.deliver(&c, "s1", &ticket("Refund")).await.status,
+        Status::Replayed
+    );
+    assert_effects(&h, 1, "one effect");
+}
+
+/// Retention counts from settlement: an operation approved (or reconciled) long after its
+/// claim keeps its record for the whole `record_ttl` from then, and is replayed, not run again.
+pub async fn retention_counts_from_settlement(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().approval("always");
+    let h = Harness::for_spec(store.clone(), &spec);
+    let c = spec.contract();
+    h.deliver(&c, "s1", &ticket("Refund")).await;
+    h.clock.advance(50 * 60 * 1000);
+    let approved = h
+        .executor
+        .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+        .await
+        .unwrap();
+    assert_eq!(approved.status, Status::Applied);
+    // Past the claim's hour, within the settlement's: nothing is compacted.
+    h.clock.advance(30 * 60 * 1000);
+    assert_eq!(
+        h.executor.sweep(ENVIRONMENT, 100).await.unwrap().compacted,
+        0
+    );
+    let again = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(again.status, Status::Replayed, "{again:?}");
+    // An unknown reconciled as applied after its claim's retention: kept from the resolution.
+    let spec = Spec::key_based().dedup(false).lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    h.downstream.push_fault(Fault::CommitThenDrop);
+    assert_eq!(
+        h.deliver(&c, "s2", &ticket("Refund")).await.status,
+        Status::Unknown
+    );
+    h.clock.advance(2 * 3_600_000);
+    h.executor.sweep(ENVIRONMENT, 100).await.unwrap();
+    assert_eq!(
+        status_of(&h, "s2").await,
+        RecordStatus::Unknown,
+        "unknown is never swept"
+    );
+    let reference = h.downstream.receipt_for(&key("s2")).unwrap().reference;
+    h.executor
+        .reconcile(
+            &c,
+            &key("s2"),
+            Some(Resolution::Applied {
+                reference: reference.clone(),
+                result: json!({"ticket_id": reference}),
+            }),
+            "operator-7",
+            &h.downstream,
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        h.clock.advance(10 * 60 * 1000);
+        h.executor.sweep(ENVIRONMENT, 100).await.unwrap();
+        let replay = h.deliver(&c, "s2", &ticket("Refund")).await;
+        assert_eq!(replay.status, Status::Replayed, "{replay:?}");
+    }
+    assert_effects(&h, 1, "reconciled, then retried");
+}
+
+/// Key-less natural-idempotent calls are not retries of each other: "set 5, set 6, set 5" sent
+/// to a downstream that deduplicates on keys makes three effects, each under its own key.
+pub async fn keyless_calls_never_share_an_idempotency_key(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().class("natural_idempotent");
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let mut operation = op("unused");
+    operation.workflow_id = None;
+    operation.step_id = None;
+    for version in [5, 6, 5] {
+        let args = json!({"subject": "Status", "body": "set", "expected_version": version});
+        let o = h
+            .executor
+            .execute(&c, &operation, &args, &h.downstream)
+            .await;
+        assert_eq!(o.status, Status::Applied, "{o:?}");
+        assert!(o.operation_key.is_none());
+    }
+    assert_effects(&h, 3, "three key-less updates");
+    let keys: std::collections::BTreeSet<_> = h
+        .downstream
+        .effect_log()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys.len(), 3, "each call its own idempotency key: {keys:?}");
+    assert_eq!(h.downstream.deduplicated(), 0);
+}
+
+/// A takeover resends the request that was claimed, never the new delivery's bytes, and keeps
+/// the stored request.
+pub async fn takeover_sends_the_claimed_request(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let mut first = ticket("Refund");
+    first["trace_id"] = json!("trace-first");
+    // The first delivery claims, then its process dies before anything is answered.
+    h.store.after_claim().arm_nth(1);
+    let (exec, contract, downstream) =
+        (h.worker("worker-crashing"), c.clone(), h.downstream.clone());
+    let crashing = tokio::spawn(async move {
+        exec.execute(&contract, &op("s1"), &first, &downstream)
+            .await
+    });
+    h.store.after_claim().reached().await;
+    crashing.abort();
+    let _ = crashing.await;
+    h.expire_leases(&spec);
+    // Same material request (trace_id is not material), different bytes.
+    let mut second = ticket("Refund");
+    second["trace_id"] = json!("trace-second");
+    let retry = h.deliver(&c, "s1", &second).await;
+    assert!(
+        matches!(retry.status, Status::Applied | Status::Replayed),
+        "{retry:?}"
+    );
+    let sent: Vec<_> = h
+        .downstream
+        .effect_log()
+        .into_iter()
+        .map(|e| e.arguments["trace_id"].clone())
+        .collect();
+    assert_eq!(sent, [json!("trace-first")], "what was claimed was sent");
+    assert_effects(&h, 1, "one effect");
+}
+
+/// Records that make no progress (their tool is no longer loaded) never keep the recoverer
+/// from the others.
+pub async fn stuck_records_do_not_block_the_recoverer(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().dedup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let other = Spec::key_based().dedup(false).version("2026-01-01");
+    let gone = Arc::new(
+        Contract::load(
+            &other
+                .yaml()
+                .replace("name: tickets.create", "name: tickets.retired"),
+            "retired.yaml",
+        )
+        .unwrap(),
+    );
+    for i in 0..12 {
+        crash_after_claim(&h, &gone, &format!("old-{i:02}")).await;
+    }
+    crash_after_claim(&h, &c, "zz-live").await;
+    h.expire_leases(&spec);
+    let recoverer = recoverer_for(&h, &c).with_batch(5);
+    for _ in 0..4 {
+        recoverer.run_once().await.unwrap();
+    }
+    assert_eq!(status_of(&h, "zz-live").await, RecordStatus::Applied);
+    assert_eq!(h.downstream.effects_for(&key("zz-live")), 1);
+}
+
+/// A deduplicating downstream that keeps answering 5xx is resent a bounded number of times,
+/// honouring `Retry-After`, and then the record ends `unknown`: nothing stays stuck.
+pub async fn persistent_server_errors_end_unknown_within_bounds(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let recoverer = recoverer_for(&h, &c);
+    h.downstream.push_faults(std::iter::repeat_n(
+        Fault::Unavailable {
+            retry_after: 60,
+            commit: false,
+        },
+        100,
+    ));
+    let o = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(o.status, Status::InFlight, "{o:?}");
+    assert!(
+        o.retry_after_seconds.unwrap_or(0) >= 60,
+        "Retry-After honoured: {o:?}"
+    );
+    assert_eq!(h.downstream.calls(), 1, "no resend before Retry-After");
+    // Before Retry-After has passed, the recoverer does not resend.
+    h.clock.advance(59 * 1000);
+    recoverer.run_once().await.unwrap();
+    assert_eq!(h.downstream.calls(), 1, "no resend before Retry-After");
+    // Over the retry window, every pass that finds it due resends once, then gives up.
+    for _ in 0..200 {
+        h.clock.advance(60 * 1000);
+        recoverer.run_once().await.unwrap();
+    }
+    let record = h.record("s1").await.unwrap();
+    assert_eq!(record.status(), RecordStatus::Unknown, "{record:?}");
+    assert!(record.fence <= 8, "bounded attempts: {}", record.fence);
+    assert!(
+        h.downstream.calls() <= 8,
+        "bounded sends: {}",
+        h.downstream.calls()
+    );
+    assert_effects(&h, 0, "the downstream never committed");
+}
+
+/// A job the downstream no longer knows (its poll answers 404) ends `unknown`.
+pub async fn forgotten_job_ends_unknown(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().jobs();
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    h.downstream.push_fault(Fault::AcceptJob);
+    h.deliver(&c, "s1", &ticket("Refund")).await;
+    let job = h.downstream.job_ids().pop().unwrap();
+    h.downstream.forget_job(&job);
+    let o = h.deliver(&c, "s1", &ticket("Refund")).await;
+    assert_eq!(o.status, Status::Unknown, "{o:?}");
+    assert_eq!(status_of(&h, "s1").await, RecordStatus::Unknown);
+    assert_effects(&h, 0, "a forgotten job");
+}
+
+/// An operator can reconcile every record that has not settled, not only `unknown` ones; a
+/// `not_applied` is refused while a worker may be sending.
+pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
+    let spec = Spec::key_based();
+    let h = Harness::for_spec(store.clone(), &spec);
+    let c = spec.contract();
+    crash_after_claim(&h, &c, "pending").await;
+    // A live lease: the owner may be sending right now.
+    let live = h
+        .executor
+        .reconcile(
+            &c,
+            &key("pending"),
+            Some(Resolution::NotApplied),
+            "operator-7",
+            &h.downstream,
+        )
+        .await;
+    assert!(
+        matches!(live, Err(ActionError::WrongState { .. })),
+        "{live:?}"
+    );
+    h.expire_leases(&spec);
+    let settled = h
+        .executor
+        .reconcile(
+            &c,
+            &key("pending"),
+            Some(Resolution::Applied {
+                reference: "ticket_ext".into(),
+                result: json!({"ticket_id": "ticket_ext"}),
+            }),
+            "operator-7",
+            &h.downstream,
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.status, Status::Replayed, "{settled:?}");
+    assert_eq!(
+        h.deliver(&c, "pending", &ticket("Refund"))
+            .await
+            .effect_reference
+            .as_deref(),
+        Some("ticket_ext")
+    );
+    // Awaiting approval: resolved applied (done out of band), or denied; never `not_applied`.
+    let spec = Spec::key_based().approval("always");
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    h.deliver(&c, "held", &ticket("Refund")).await;
+    let refused = h
+        .executor
+        .reconcile(
+            &c,
+            &key("held"),
+            Some(Resolution::NotApplied),
+            "operator-7",
+            &h.downstream,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(ActionError::WrongState { .. })),
+        "{refused:?}"
+    );
+    let done = h
+        .executor
+        .reconcile(
+            &c,
+            &key("held"),
+            Some(Resolution::Applied {
+                reference: "ticket_manual".into(),
+                result: json!({}),
+            }),
+            "operator-7",
+            &h.downstream,
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Replayed, "{done:?}");
+    assert_effects(&h, 0, "resolved by operators");
+}
+
+/// A status read hands out a stored result like a replay: a revoked reader is refused.
+pub async fn status_read_rechecks_the_reader(store: Arc<dyn Store>) {
+    let spec = Spec::key_based();
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    h.deliver(&c, "s1", &ticket("Refund")).await;
+    h.auth.set(denied());
+    let read = h
+        .executor
+        .status(Some(&c), &key("s1"), Some(&h.downstream), &op("s1").caller)
+        .await
+        .unwrap();
+    let Some(StatusRead::Denied(outcome)) = read else {
+        panic!("a revoked reader gets no result: {read:?}");
+    };
+    assert_eq!(outcome.error_code(), Some(ErrorCode::Forbidden));
+    assert!(outcome.result.is_none() && outcome.effect_reference.is_none());
+}
+
+/// The same request under many keys at once, with a duplicate-intent window: one effect, the
+/// others held for approval — the check and the claim are one atomic step.
+pub async fn concurrent_duplicate_intents_run_once(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().window("10m");
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (exec, c, d) = (h.worker(&format!("w{i}")), c.clone(), h.downstream.clone());
+        tasks.spawn(async move {
+            exec.execute(&c, &op(&format!("k{i}")), &ticket("Refund"), &d)
+                .await
+        });
+    }
+    let mut applied = 0;
+    let mut held = 0;
+    while let Some(o) = tasks.join_next().await {
+        let o = o.unwrap();
+        match o.error_code() {
+            None if o.status == Status::Applied => applied += 1,
+            Some(ErrorCode::PossibleDuplicateIntent) => held += 1,
+            _ => panic!("{o:?}"),
+        }
+    }
+    assert_eq!((applied, held), (1, 7));
+    assert_effects(&h, 1, "one intent, eight keys");
+}
+
+/// Recovery and sweeping stay within their environment.
+pub async fn recoverer_and_sweeper_stay_in_their_environment(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().dedup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    crash_after_claim(&h, &c, "s1").await;
+    h.expire_leases(&spec);
+    let elsewhere = Recoverer::new(
+        h.worker("recoverer"),
+        Arc::new(OneTool(c.clone(), Arc::new(h.downstream.clone()))),
+        "staging",
+    );
+    assert_eq!(elsewhere.run_once().await.unwrap().examined, 0);
+    assert_effects(&h, 0, "another environment's recoverer");
+    h.deliver(&c, "s2", &ticket("Refund")).await;
+    h.clock.advance(2 * 3_600_000);
+    assert_eq!(h.executor.sweep("staging", 100).await.unwrap().compacted, 0);
+    assert_eq!(status_of(&h, "s2").await, RecordStatus::Applied);
+    assert_eq!(
+        h.executor.sweep(ENVIRONMENT, 100).await.unwrap().compacted,
+        1
+    );
 }

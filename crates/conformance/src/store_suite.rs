@@ -18,17 +18,20 @@ use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
-    Digest, Dispatch, Event, EventKind, Evidence, Lease, Millis, Receipt, Record, RecordState,
-    RecordStatus, Refusal,
+    Digest, Dispatch, Event, EventKind, Evidence, Lease, Millis, NOT_SETTLED, Receipt, Record,
+    RecordState, RecordStatus, Refusal,
 };
-use idemgate_core::store::{Cas, Claimed, Expect, Filter, RequestUpdate, Store, Transition};
+use idemgate_core::store::{
+    Cas, Claimed, Cursor, Due, Expect, Expiry, Filter, RequestUpdate, Store, SweepReport,
+    Transition, due_at,
+};
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 /// The tool most records belong to.
 pub const TOOL: &str = "tickets.create";
-/// A second tool, for listings and fingerprint look-ups that must tell tools apart.
+/// A second tool, for listings and duplicate-intent checks that must tell tools apart.
 pub const OTHER_TOOL: &str = "refunds.issue";
 pub const TOOL_VERSION: &str = "2026-08-18";
 /// The worker named in the `expired` events a sweep appends.
@@ -50,10 +53,25 @@ where
     request_update_keep_clear_set(fresh().await).await;
     approver_and_fingerprint_replacement(fresh().await).await;
     append_events_keeps_order(fresh().await).await;
+    transition_sets_expiry_only_when_given(fresh().await).await;
     list_filters_and_pages(fresh().await).await;
+    list_filters_by_environment(fresh().await).await;
     list_default_page(fresh().await).await;
+    due_finds_deadlines_passed_in_order(fresh().await).await;
+    due_pages_by_cursor_and_limit(fresh().await).await;
+    duplicate_intent_names_the_earliest_match(fresh().await).await;
+    duplicate_intent_inserts_nothing(fresh().await).await;
+    concurrent_duplicate_intents_insert_once(fresh().await).await;
+    sweep_compacts_and_purges(fresh().await).await;
+    sweep_is_scoped_by_environment(fresh().await).await;
+    sweep_never_touches_unsettled_records(fresh().await).await;
+    sweep_respects_limit(fresh().await).await;
     every_state_round_trips(fresh().await).await;
+    digests_round_trip(fresh().await).await;
 }
+
+/// How many cases [`run`] runs, for store crates that check they ran them all.
+pub const CASES: usize = 24;
 
 // ---------------------------------------------------------------------------------------------
 // Building records.
@@ -103,10 +121,19 @@ pub fn applied(reference: &str) -> RecordState {
     })
 }
 
-/// A record of the suite's tool under `key`, at fence 1, created and updated at 1 000, due for
-/// compaction at 100 000 and for purging at 200 000.
+/// A record of the suite's tool under `key`, at fence 1, created and updated at 1 000. A
+/// settled one is due for compaction at 100 000 and for purging at 200 000; one that has not
+/// settled has no expiry yet ([`NOT_SETTLED`]), as the executor claims it.
 pub fn record(key_text: &str, state: RecordState) -> Record {
     let request = json!({"title": key_text, "priority": 2});
+    let (expires_at, purge_at) = match state {
+        RecordState::Applied(_) | RecordState::FailedPermanent(_) | RecordState::Tombstone(_) => {
+            (100_000, 200_000)
+        }
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval { .. }
+        | RecordState::Unknown(_) => (NOT_SETTLED, NOT_SETTLED),
+    };
     Record {
         key: key(key_text),
         tool: TOOL.into(),
@@ -120,10 +147,32 @@ pub fn record(key_text: &str, state: RecordState) -> Record {
         approved_by: None,
         created_at: 1_000,
         updated_at: 1_000,
-        expires_at: 100_000,
-        purge_at: 200_000,
+        expires_at,
+        purge_at,
         intent_window: true,
     }
+}
+
+/// A record awaiting approval until `until`.
+pub fn awaiting(until: Millis) -> RecordState {
+    RecordState::AwaitingApproval { until }
+}
+
+/// A refusal by the downstream.
+pub fn refused(code: ErrorCode) -> RecordState {
+    RecordState::FailedPermanent(Refusal {
+        code,
+        message: "customer account closed".into(),
+    })
+}
+
+/// An unknown outcome.
+pub fn unknown() -> RecordState {
+    RecordState::Unknown(Evidence {
+        reason: "timeout after dispatch".into(),
+        reference: None,
+        job_id: None,
+    })
 }
 
 /// An owner's own step from `from` to `next` at `now`: same fence, request kept.
@@ -179,7 +228,12 @@ async fn claim_new<S: Store>(store: &S, record: &Record, events: Vec<Event>) {
     {
         Claimed::Inserted(inserted) => assert_eq!(&inserted, record),
         Claimed::Existing(existing) => panic!("{} already existed: {existing:?}", record.key),
-        Claimed::DuplicateIntent(other) => panic!("a plain claim answered a duplicate of {other}"),
+        Claimed::DuplicateIntent(other) => {
+            panic!(
+                "{} is no duplicate-intent claim, yet {other} was named",
+                record.key
+            )
+        }
     }
 }
 
@@ -259,9 +313,7 @@ pub async fn concurrent_claims_insert_once<S: Store>(store: S) {
         match answer.expect("a claimant panicked") {
             Claimed::Inserted(r) => inserted.push(r),
             Claimed::Existing(r) => existing.push(r),
-            Claimed::DuplicateIntent(other) => {
-                panic!("a plain claim answered a duplicate of {other}")
-            }
+            Claimed::DuplicateIntent(other) => panic!("a plain claim named {other}"),
         }
     }
     assert_eq!(inserted.len(), 1, "exactly one claim inserts");
@@ -519,10 +571,7 @@ pub async fn request_update_keep_clear_set<S: Store>(store: S) {
 
 /// `approved_by` and `fingerprint` are written only when the transition carries them.
 pub async fn approver_and_fingerprint_replacement<S: Store>(store: S) {
-    let waiting = record(
-        "acme:prod:wf-approve:s1",
-        RecordState::AwaitingApproval { until: 500 },
-    );
+    let waiting = record("acme:prod:wf-approve:s1", awaiting(20_000));
     claim_new(&store, &waiting, Vec::new()).await;
 
     let mut approve = step(&waiting, pending("w1", 40_000), 10_000);
@@ -625,6 +674,100 @@ pub async fn append_events_keeps_order<S: Store>(store: S) {
         "the record is untouched"
     );
     assert_eq!(trace(&store, &neighbour.key).await, Vec::new());
+}
+
+/// A transition with an expiry writes both `expires_at` and `purge_at`; one without leaves
+/// them as stored; one that leaves a settled state sets them back to [`NOT_SETTLED`]; one that
+/// loses writes neither. Concurrent settling transitions (which a store may carry together)
+/// each write their own.
+pub async fn transition_sets_expiry_only_when_given<S: Store>(store: S) {
+    let claimed = record("acme:prod:wf-expiry:s1", pending("w1", 31_000));
+    claim_new(&store, &claimed, Vec::new()).await;
+    let expiry_of = |r: &Record| (r.expires_at, r.purge_at);
+    assert_eq!(expiry_of(&claimed), (NOT_SETTLED, NOT_SETTLED));
+
+    let renewed = done(
+        store
+            .transition(step(&claimed, pending("w1", 32_000), 1_500))
+            .await
+            .expect("transition succeeds"),
+    );
+    assert_eq!(expiry_of(&renewed), (NOT_SETTLED, NOT_SETTLED));
+
+    let mut settle = step(&renewed, applied("ticket-1"), 2_000);
+    settle.expiry = Some(Expiry {
+        expires_at: 86_402_000,
+        purge_at: 172_802_000,
+    });
+    let settled = done(store.transition(settle).await.expect("transition succeeds"));
+    assert_eq!(expiry_of(&settled), (86_402_000, 172_802_000));
+    assert_eq!(stored(&store, &claimed.key).await, settled);
+
+    let kept = done(
+        store
+            .transition(step(&settled, applied("ticket-1"), 3_000))
+            .await
+            .expect("transition succeeds"),
+    );
+    assert_eq!(
+        expiry_of(&kept),
+        expiry_of(&settled),
+        "no expiry keeps the stored one"
+    );
+
+    // An operator reopens the record: it has not settled any more.
+    let mut reopen = step(&kept, unknown(), 4_000);
+    reopen.expiry = Some(Expiry {
+        expires_at: NOT_SETTLED,
+        purge_at: NOT_SETTLED,
+    });
+    let reopened = done(store.transition(reopen).await.expect("transition succeeds"));
+    assert_eq!(expiry_of(&reopened), (NOT_SETTLED, NOT_SETTLED));
+
+    let mut late = step(&settled, applied("ticket-late"), 5_000);
+    late.expiry = Some(Expiry {
+        expires_at: 1,
+        purge_at: 2,
+    });
+    let answer = store.transition(late).await.expect("transition succeeds");
+    assert_eq!(answer, Cas::Lost(Some(reopened.clone())));
+    assert_eq!(stored(&store, &claimed.key).await, reopened);
+
+    const SETTLING: usize = 16;
+    let store = Arc::new(store);
+    let start = Arc::new(Barrier::new(SETTLING));
+    let mut tasks = JoinSet::new();
+    for i in 0..SETTLING {
+        let r = record(
+            &format!("acme:prod:wf-expiry:c{i:02}"),
+            pending("w1", 31_000),
+        );
+        claim_new(&*store, &r, Vec::new()).await;
+        let store = Arc::clone(&store);
+        let start = Arc::clone(&start);
+        tasks.spawn(async move {
+            let mut settle = step(&r, applied(&format!("ticket-{i}")), 2_000);
+            // Every other one settles without an expiry, so a store that carries several
+            // transitions in one statement must keep each one's own.
+            settle.expiry = (i % 2 == 0).then(|| Expiry {
+                expires_at: 10_000 + i as Millis,
+                purge_at: 20_000 + i as Millis,
+            });
+            start.wait().await;
+            let answer = store.transition(settle).await.expect("transition succeeds");
+            (i, done(answer))
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (i, answer) = joined.expect("a settler panicked");
+        let expected = if i % 2 == 0 {
+            (10_000 + i as Millis, 20_000 + i as Millis)
+        } else {
+            (NOT_SETTLED, NOT_SETTLED)
+        };
+        assert_eq!(expiry_of(&answer), expected, "c{i:02}");
+        assert_eq!(stored(&*store, &answer.key).await, answer, "c{i:02}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -791,6 +934,116 @@ async fn check_list<S: Store>(store: &S, filter: Filter, expected: Vec<&Record>)
     assert_eq!(got, expected, "{filter:?}");
 }
 
+/// Listing by environment takes the key's second part exactly: not a prefix of it, not the
+/// tenant; alone or with the other filters, and paged like any listing.
+pub async fn list_filters_by_environment<S: Store>(store: S) {
+    let states = [
+        pending("w1", 31_000),
+        unknown(),
+        applied("ticket"),
+        refused(ErrorCode::DownstreamRejected),
+        awaiting(50_000),
+    ];
+    let mut all = Vec::new();
+    for i in (0..15).rev() {
+        let tenant = if i % 2 == 0 { "acme" } else { "zeta" };
+        let environment = ["prod", "staging", "production"][i % 3];
+        let r = record(
+            &format!("{tenant}:{environment}:wf-env:s{i:02}"),
+            states[i % 5].clone(),
+        );
+        claim_new(&store, &r, Vec::new()).await;
+        all.push(r);
+    }
+    // A tenant named like an environment: its key's environment is still the second part.
+    let confusing = record("prod:staging:wf-env:x", pending("w1", 31_000));
+    claim_new(&store, &confusing, Vec::new()).await;
+    all.push(confusing);
+    all.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+
+    let in_env = |environment: &'static str| move |r: &&Record| r.key.environment() == environment;
+    for environment in ["prod", "staging", "production"] {
+        check_list(
+            &store,
+            Filter {
+                environment: Some(environment.into()),
+                limit: 1000,
+                ..Filter::default()
+            },
+            all.iter().filter(in_env(environment)).collect(),
+        )
+        .await;
+        for status in RecordStatus::ALL {
+            check_list(
+                &store,
+                Filter {
+                    environment: Some(environment.into()),
+                    status: Some(status),
+                    limit: 1000,
+                    ..Filter::default()
+                },
+                all.iter()
+                    .filter(in_env(environment))
+                    .filter(|r| r.status() == status)
+                    .collect(),
+            )
+            .await;
+        }
+    }
+    check_list(
+        &store,
+        Filter {
+            tenant: Some("acme".into()),
+            environment: Some("staging".into()),
+            status: Some(RecordStatus::Pending),
+            tool: Some(TOOL.into()),
+            limit: 1000,
+            ..Filter::default()
+        },
+        all.iter()
+            .filter(|r| {
+                r.tenant() == "acme"
+                    && r.key.environment() == "staging"
+                    && r.status() == RecordStatus::Pending
+            })
+            .collect(),
+    )
+    .await;
+    for nowhere in ["prod:staging", "prodx", "prod%", "", "acme"] {
+        check_list(
+            &store,
+            Filter {
+                environment: Some(nowhere.into()),
+                limit: 1000,
+                ..Filter::default()
+            },
+            Vec::new(),
+        )
+        .await;
+    }
+
+    // Pages of 2 cover the environment once, in key order.
+    let mut seen = Vec::new();
+    let mut after = None;
+    for _ in 0..20 {
+        let page = store
+            .list(Filter {
+                environment: Some("staging".into()),
+                after: after.clone(),
+                limit: 2,
+                ..Filter::default()
+            })
+            .await
+            .expect("list succeeds");
+        assert!(page.len() <= 2, "a page holds at most its limit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.key.as_str().to_string());
+        seen.extend(page);
+    }
+    let staging: Vec<Record> = all.iter().filter(in_env("staging")).cloned().collect();
+    assert_eq!(keys(&seen), keys(&staging));
+}
+
 /// A limit of 0 means the default page of 100.
 pub async fn list_default_page<S: Store>(store: S) {
     const RECORDS: usize = 101;
@@ -820,6 +1073,869 @@ pub async fn list_default_page<S: Store>(store: S) {
     assert_eq!(everything.len(), RECORDS);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Due records.
+
+/// One page of a due scan of `environment`.
+async fn due<S: Store>(
+    store: &S,
+    environment: &str,
+    now: Millis,
+    after: Option<Cursor>,
+    limit: usize,
+) -> Vec<Record> {
+    let found = store
+        .due(Due {
+            environment: environment.into(),
+            now,
+            after,
+            limit,
+        })
+        .await
+        .expect("due succeeds");
+    assert!(found.len() <= limit, "a page holds at most its limit");
+    found
+}
+
+/// Where a due scan continues after `record`.
+fn cursor(record: &Record) -> Cursor {
+    Cursor {
+        due_at: due_at(record).expect("a due record has a deadline"),
+        key: record.key.clone(),
+    }
+}
+
+/// The due scan finds the pending and awaiting-approval records of one environment whose
+/// deadline is at or before `now` — owned, released and job records alike, each by its lease
+/// expiry; approvals by their deadline — in (deadline, key) order. Records that are not due
+/// yet, records of another state and records of another environment are not found.
+pub async fn due_finds_deadlines_passed_in_order<S: Store>(store: S) {
+    const NOW: Millis = 10_000;
+    let lease = |owner: Option<&str>, expires_at, dispatch| RecordState::Pending {
+        lease: Lease {
+            owner: owner.map(str::to_string),
+            expires_at,
+        },
+        dispatch,
+    };
+    let job = || Dispatch::Job {
+        job_id: "job-7".into(),
+    };
+    let released = record(
+        "acme:prod:wf-due:released",
+        lease(None, 5_000, Dispatch::NotSent),
+    );
+    let approval = record("acme:prod:wf-due:approval", awaiting(6_000));
+    let polled = record("acme:prod:wf-due:job", lease(Some("w1"), 7_000, job()));
+    let sent = record(
+        "zeta:prod:wf-due:sent",
+        lease(Some("w9"), 8_000, Dispatch::Sent),
+    );
+    // Three deadlines at one instant: key order decides, across tenants too.
+    let tie_a = record("acme:prod:wf-due:a-tie", pending("w1", 9_000));
+    let expired = record("acme:prod:wf-due:expired", pending("w1", 9_000));
+    let tie_z = record("zeta:prod:wf-due:tie", pending("w2", 9_000));
+    let boundary = record("acme:prod:wf-due:boundary", pending("w1", NOW));
+    let due_now = [
+        &released, &approval, &polled, &sent, &tie_a, &expired, &tie_z, &boundary,
+    ];
+
+    let not_yet = [
+        record("acme:prod:wf-due:live", pending("w1", NOW + 1)),
+        // Released with time left: due when that time is up, not before.
+        record(
+            "acme:prod:wf-due:released-later",
+            lease(None, 20_000, Dispatch::NotSent),
+        ),
+        record(
+            "acme:prod:wf-due:job-later",
+            lease(Some("w1"), 15_000, job()),
+        ),
+        record("acme:prod:wf-due:approval-later", awaiting(NOW + 1)),
+    ];
+    let mut never = vec![
+        record("acme:prod:wf-due:unknown", unknown()),
+        record("acme:prod:wf-due:applied", applied("ticket-1")),
+        record(
+            "acme:prod:wf-due:failed",
+            refused(ErrorCode::DownstreamRejected),
+        ),
+        record(
+            "acme:prod:wf-due:tombstone",
+            RecordState::Tombstone(Digest::NeverRan),
+        ),
+    ];
+    for r in &mut never {
+        // Long past every time a store could mistake for a deadline.
+        r.expires_at = 0;
+        r.purge_at = 0;
+        r.created_at = 0;
+        r.updated_at = 0;
+    }
+    let elsewhere = [
+        record("acme:staging:wf-due:expired", pending("w1", 1_000)),
+        record("acme:production:wf-due:expired", pending("w1", 1_000)),
+        record("prod:staging:wf-due:approval", awaiting(1_000)),
+    ];
+    for r in due_now
+        .iter()
+        .copied()
+        .chain(&not_yet)
+        .chain(&never)
+        .chain(&elsewhere)
+    {
+        claim_new(&store, r, Vec::new()).await;
+    }
+
+    let found = due(&store, "prod", NOW, None, 100).await;
+    let expected: Vec<Record> = [
+        &released, &approval, &polled, &sent, &tie_a, &expired, &tie_z, &boundary,
+    ]
+    .into_iter()
+    .cloned()
+    .collect();
+    assert_eq!(keys(&found), keys(&expected));
+    assert_eq!(found, expected, "the records as stored");
+
+    let staging = due(&store, "staging", NOW, None, 100).await;
+    assert_eq!(
+        keys(&staging),
+        vec![
+            "acme:staging:wf-due:expired",
+            "prod:staging:wf-due:approval"
+        ]
+    );
+    assert_eq!(due(&store, "nowhere", NOW, None, 100).await, Vec::new());
+    assert_eq!(due(&store, "prod", NOW, None, 0).await, Vec::new());
+    assert_eq!(due(&store, "prod", 4_999, None, 100).await, Vec::new());
+
+    // Later, the records not due yet are due too, each at its deadline; the others never.
+    let later = due(&store, "prod", 1_000_000, None, 100).await;
+    let mut expected: Vec<&Record> = due_now.iter().copied().chain(&not_yet).collect();
+    expected.sort_by(|a, b| (due_at(a), a.key.as_str()).cmp(&(due_at(b), b.key.as_str())));
+    assert_eq!(
+        keys(&later),
+        expected
+            .iter()
+            .map(|r| r.key.as_str().to_string())
+            .collect::<Vec<_>>()
+    );
+
+    // A record stops being due once a transition moves its deadline or settles it.
+    let renewed = done(
+        store
+            .transition(step(&expired, pending("w1", 40_000), NOW))
+            .await
+            .expect("transition succeeds"),
+    );
+    let mut settle = step(&approval, refused(ErrorCode::ApprovalExpired), NOW);
+    settle.expiry = Some(Expiry {
+        expires_at: NOW,
+        purge_at: NOW,
+    });
+    done(store.transition(settle).await.expect("transition succeeds"));
+    let found = due(&store, "prod", NOW, None, 100).await;
+    assert_eq!(
+        keys(&found),
+        keys(&[
+            released.clone(),
+            polled.clone(),
+            sent.clone(),
+            tie_a.clone(),
+            tie_z.clone(),
+            boundary.clone()
+        ])
+    );
+    assert!(!found.contains(&renewed));
+}
+
+/// Pages of a due scan follow one another through the cursor, strictly after it in (deadline,
+/// key) order — a later key at the same deadline is next, an earlier key at a later deadline
+/// too — and together list every due record once.
+pub async fn due_pages_by_cursor_and_limit<S: Store>(store: S) {
+    // Three records per deadline, approvals among them.
+    let mut all = Vec::new();
+    for i in 0..12 {
+        let deadline = 1_000 * (i / 3) as Millis;
+        let state = if i % 4 == 1 {
+            awaiting(deadline)
+        } else {
+            pending("w1", deadline)
+        };
+        // Keys run against deadlines, so that key order alone would page wrongly.
+        let r = record(&format!("acme:prod:wf-cursor:s{:02}", 20 - i), state);
+        claim_new(&store, &r, Vec::new()).await;
+        all.push(r);
+    }
+    all.sort_by(|a, b| (due_at(a), a.key.as_str()).cmp(&(due_at(b), b.key.as_str())));
+    assert_eq!(due(&store, "prod", 3_000, None, 100).await, all);
+
+    for limit in [1, 2, 5] {
+        let mut seen = Vec::new();
+        let mut after = None;
+        for _ in 0..20 {
+            let page = due(&store, "prod", 3_000, after.clone(), limit).await;
+            let Some(last) = page.last() else { break };
+            after = Some(cursor(last));
+            seen.extend(page);
+        }
+        assert_eq!(keys(&seen), keys(&all), "pages of {limit}");
+    }
+
+    let from = |due_at: Millis, key_text: &str| {
+        Some(Cursor {
+            due_at,
+            key: key(key_text),
+        })
+    };
+    // At a deadline shared by three records, after the first of them: the other two, then on.
+    let after_first = due(
+        &store,
+        "prod",
+        3_000,
+        from(1_000, "acme:prod:wf-cursor:s15"),
+        3,
+    )
+    .await;
+    assert_eq!(
+        keys(&after_first),
+        vec![
+            "acme:prod:wf-cursor:s16",
+            "acme:prod:wf-cursor:s17",
+            "acme:prod:wf-cursor:s12"
+        ]
+    );
+    // A cursor between keys that are stored.
+    let between = due(
+        &store,
+        "prod",
+        3_000,
+        from(1_000, "acme:prod:wf-cursor:s16x"),
+        2,
+    )
+    .await;
+    assert_eq!(
+        keys(&between),
+        vec!["acme:prod:wf-cursor:s17", "acme:prod:wf-cursor:s12"]
+    );
+    // A key later than all at an earlier deadline: the deadline decides first.
+    let later_key = due(&store, "prod", 3_000, from(0, "zzzz:prod:wf:z"), 1).await;
+    assert_eq!(keys(&later_key), vec!["acme:prod:wf-cursor:s15"]);
+    // After the last record: nothing, and `now` still bounds what comes after a cursor.
+    let last = all.last().expect("records");
+    assert_eq!(
+        due(&store, "prod", 3_000, Some(cursor(last)), 10).await,
+        Vec::new()
+    );
+    assert_eq!(
+        keys(
+            &due(
+                &store,
+                "prod",
+                2_999,
+                from(1_000, "acme:prod:wf-cursor:s17"),
+                10
+            )
+            .await
+        ),
+        vec![
+            "acme:prod:wf-cursor:s12",
+            "acme:prod:wf-cursor:s13",
+            "acme:prod:wf-cursor:s14"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Duplicate intent.
+
+/// A record of the suite's tool claimed with the duplicate-intent window, created at `at`, for
+/// the request `arguments`.
+fn intent(key_text: &str, arguments: &Value, at: Millis) -> Record {
+    let mut r = record(key_text, applied("ticket"));
+    r.fingerprint = fingerprint(arguments);
+    r.request = Some(arguments.clone());
+    r.created_at = at;
+    r.updated_at = at;
+    r
+}
+
+async fn claim_guarded<S: Store>(store: &S, record: &Record, since: Millis) -> Claimed {
+    store
+        .claim_unless_duplicate(record.clone(), Vec::new(), since)
+        .await
+        .expect("claim_unless_duplicate succeeds")
+}
+
+/// The same fingerprint under another key of the same tenant and tool, claimed with the window
+/// and created at or after `since`, is a duplicate intent; of several, the earliest created,
+/// the smallest key on a tie. Another tool's, another tenant's, another request's and an
+/// unwatched record never are; the key's own record is `Existing`, never a duplicate of itself.
+pub async fn duplicate_intent_names_the_earliest_match<S: Store>(store: S) {
+    let arguments = json!({"title": "printer on fire", "priority": 1});
+    let b = intent("acme:prod:wf-intent:b", &arguments, 1_000);
+    let a = intent("acme:prod:wf-intent:a", &arguments, 1_000);
+    // The trait names tenant, tool and fingerprint: another environment of the tenant matches.
+    let staging = intent("acme:staging:wf-intent:e", &arguments, 1_200);
+    let c = intent("acme:prod:wf-intent:c", &arguments, 2_000);
+    let mut unwatched = intent("acme:prod:wf-intent:0", &arguments, 500);
+    unwatched.intent_window = false;
+    let mut other_tool = intent("acme:prod:wf-intent:t", &arguments, 100);
+    other_tool.tool = OTHER_TOOL.into();
+    let other_tenant = intent("zeta:prod:wf-intent:z", &arguments, 100);
+    let different = intent(
+        "acme:prod:wf-intent:d",
+        &json!({"title": "printer on fire", "priority": 2}),
+        100,
+    );
+    for r in [
+        &b,
+        &a,
+        &staging,
+        &c,
+        &unwatched,
+        &other_tool,
+        &other_tenant,
+        &different,
+    ] {
+        claim_new(&store, r, Vec::new()).await;
+    }
+
+    let probe = |key_text: &str| {
+        let mut r = intent(key_text, &arguments, 5_000);
+        r.state = pending("w1", 35_000);
+        r
+    };
+    let fresh = probe("acme:prod:wf-intent:new");
+    for (since, named) in [(0, &a), (1_000, &a), (1_001, &staging), (1_201, &c)] {
+        assert_eq!(
+            claim_guarded(&store, &fresh, since).await,
+            Claimed::DuplicateIntent(named.key.clone()),
+            "since {since}"
+        );
+    }
+    assert_eq!(store.get(&fresh.key).await.expect("get succeeds"), None);
+    assert_eq!(
+        claim_guarded(&store, &fresh, 2_001).await,
+        Claimed::Inserted(fresh.clone())
+    );
+    assert_eq!(stored(&store, &fresh.key).await, fresh);
+    // The claim just inserted is watched in its turn.
+    assert_eq!(
+        claim_guarded(&store, &probe("acme:prod:wf-intent:new2"), 2_001).await,
+        Claimed::DuplicateIntent(fresh.key.clone())
+    );
+    // Its own key: the record comes back, though an earlier match exists.
+    let mut again = probe("acme:prod:wf-intent:b");
+    again.actor = "agent-2".into();
+    assert_eq!(
+        claim_guarded(&store, &again, 0).await,
+        Claimed::Existing(b.clone())
+    );
+    assert_eq!(stored(&store, &b.key).await, b);
+
+    // Tools and tenants are apart.
+    let mut refund = probe("acme:prod:wf-intent:refund");
+    refund.tool = OTHER_TOOL.into();
+    assert_eq!(
+        claim_guarded(&store, &refund, 0).await,
+        Claimed::DuplicateIntent(other_tool.key.clone())
+    );
+    assert_eq!(
+        claim_guarded(&store, &probe("zeta:prod:wf-intent:y"), 0).await,
+        Claimed::DuplicateIntent(other_tenant.key.clone())
+    );
+    let lonely = probe("nobody:prod:wf-intent:x");
+    assert_eq!(
+        claim_guarded(&store, &lonely, 0).await,
+        Claimed::Inserted(lonely.clone())
+    );
+}
+
+/// A duplicate intent inserts nothing and appends nothing; without one, the claim inserts with
+/// its events exactly like `claim`, and a second claim of the key returns the record unchanged.
+pub async fn duplicate_intent_inserts_nothing<S: Store>(store: S) {
+    let arguments = json!({"title": "refund order 4711"});
+    let first = intent("acme:prod:wf-dup:s1", &arguments, 1_000);
+    let events = vec![event(EventKind::Claimed, 1_000, "w1")];
+    let answer = store
+        .claim_unless_duplicate(first.clone(), events.clone(), 0)
+        .await
+        .expect("claim_unless_duplicate succeeds");
+    assert_eq!(answer, Claimed::Inserted(first.clone()));
+    assert_eq!(stored(&store, &first.key).await, first);
+    assert_eq!(trace(&store, &first.key).await, events);
+
+    let mut second = intent("acme:prod:wf-dup:s2", &arguments, 2_000);
+    second.state = pending("w2", 32_000);
+    let answer = store
+        .claim_unless_duplicate(
+            second.clone(),
+            vec![event(EventKind::Claimed, 2_000, "w2")],
+            0,
+        )
+        .await
+        .expect("claim_unless_duplicate succeeds");
+    assert_eq!(answer, Claimed::DuplicateIntent(first.key.clone()));
+    assert_eq!(store.get(&second.key).await.expect("get succeeds"), None);
+    assert_eq!(trace(&store, &second.key).await, Vec::new());
+    assert_eq!(stored(&store, &first.key).await, first);
+    assert_eq!(trace(&store, &first.key).await, events);
+
+    let mut replaced = first.clone();
+    replaced.state = pending("w3", 99_000);
+    let answer = store
+        .claim_unless_duplicate(replaced, vec![event(EventKind::Claimed, 3_000, "w3")], 0)
+        .await
+        .expect("claim_unless_duplicate succeeds");
+    assert_eq!(answer, Claimed::Existing(first.clone()));
+    assert_eq!(
+        trace(&store, &first.key).await,
+        events,
+        "a lost claim appends nothing"
+    );
+    let listed = store
+        .list(Filter {
+            tenant: Some("acme".into()),
+            limit: 1000,
+            ..Filter::default()
+        })
+        .await
+        .expect("list succeeds");
+    assert_eq!(listed, vec![first]);
+}
+
+/// Many claims of one request under different keys at once: exactly one inserts, every other
+/// names it as the duplicate, and nothing else is stored.
+pub async fn concurrent_duplicate_intents_insert_once<S: Store>(store: S) {
+    const CLAIMANTS: usize = 24;
+    let arguments = json!({"title": "the same request, re-planned", "priority": 3});
+    let store = Arc::new(store);
+    let start = Arc::new(Barrier::new(CLAIMANTS));
+    let mut tasks = JoinSet::new();
+    for i in 0..CLAIMANTS {
+        let store = Arc::clone(&store);
+        let start = Arc::clone(&start);
+        let mut r = intent(
+            &format!("acme:prod:wf-intent-race:s{i:02}"),
+            &arguments,
+            1_000,
+        );
+        r.state = pending(&format!("w{i}"), 31_000);
+        tasks.spawn(async move {
+            let events = vec![event(EventKind::Claimed, 1_000, &format!("w{i}"))];
+            start.wait().await;
+            store
+                .claim_unless_duplicate(r, events, 0)
+                .await
+                .expect("claim_unless_duplicate succeeds")
+        });
+    }
+    let mut inserted = Vec::new();
+    let mut named = Vec::new();
+    while let Some(answer) = tasks.join_next().await {
+        match answer.expect("a claimant panicked") {
+            Claimed::Inserted(r) => inserted.push(r),
+            Claimed::DuplicateIntent(other) => named.push(other),
+            Claimed::Existing(r) => panic!("every key is new, yet {} existed", r.key),
+        }
+    }
+    assert_eq!(inserted.len(), 1, "exactly one claim inserts");
+    assert_eq!(named.len(), CLAIMANTS - 1);
+    let winner = &inserted[0];
+    for other in &named {
+        assert_eq!(
+            other, &winner.key,
+            "every other claim names the one inserted"
+        );
+    }
+    let listed = store
+        .list(Filter {
+            tenant: Some("acme".into()),
+            limit: 1000,
+            ..Filter::default()
+        })
+        .await
+        .expect("list succeeds");
+    assert_eq!(listed, vec![winner.clone()]);
+    assert_eq!(trace(&*store, &winner.key).await.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention.
+
+/// A record of `state` with its expiry set, at fence 3.
+fn expiring(key_text: &str, state: RecordState, expires_at: Millis, purge_at: Millis) -> Record {
+    let mut r = record(key_text, state);
+    r.expires_at = expires_at;
+    r.purge_at = purge_at;
+    r.fence = 3;
+    r
+}
+
+/// Checks that `from` was compacted by a sweep at `now` into a tombstone of `digest`: the
+/// request dropped, expiry and fence kept, an `expired` event appended to its one claimed event.
+async fn compacted<S: Store>(store: &S, from: &Record, digest: Digest, now: Millis) {
+    let after = stored(store, &from.key).await;
+    let mut expected = from.clone();
+    expected.state = RecordState::Tombstone(digest);
+    expected.request = None;
+    // When a compaction counts as an update is the store's business.
+    expected.updated_at = after.updated_at;
+    assert_eq!(after, expected);
+    let events = trace(store, &from.key).await;
+    assert_eq!(events.len(), 2, "{}: {events:?}", from.key);
+    let expired = &events[1];
+    assert_eq!(
+        (
+            expired.kind,
+            expired.at,
+            expired.attempt,
+            expired.worker.as_str()
+        ),
+        (EventKind::Expired, now, from.fence, SWEEPER)
+    );
+}
+
+/// Settled records past `expires_at` become tombstones of what they settled as; tombstones
+/// past `purge_at` go with their trace; "past" includes the instant itself; a record compacted
+/// by a sweep is purged by a later one at the earliest.
+pub async fn sweep_compacts_and_purges<S: Store>(store: S) {
+    const NOW: Millis = 10_000;
+    let done_record = expiring(
+        "acme:prod:wf-sweep:applied",
+        applied("ticket-1"),
+        9_000,
+        50_000,
+    );
+    let failed = expiring(
+        "acme:prod:wf-sweep:failed",
+        refused(ErrorCode::DownstreamRejected),
+        9_500,
+        50_000,
+    );
+    let boundary = expiring(
+        "acme:prod:wf-sweep:boundary",
+        applied("ticket-2"),
+        NOW,
+        50_000,
+    );
+    let fresh = expiring(
+        "acme:prod:wf-sweep:fresh",
+        applied("ticket-3"),
+        NOW + 1,
+        50_000,
+    );
+    let old = expiring(
+        "acme:prod:wf-sweep:old",
+        RecordState::Tombstone(Digest::Applied {
+            reference: "ticket-0".into(),
+        }),
+        0,
+        9_000,
+    );
+    let never_ran = expiring(
+        "acme:prod:wf-sweep:never-ran",
+        RecordState::Tombstone(Digest::NeverRan),
+        0,
+        NOW,
+    );
+    let young = expiring(
+        "acme:prod:wf-sweep:young",
+        RecordState::Tombstone(Digest::Refused {
+            code: ErrorCode::ApprovalExpired,
+        }),
+        0,
+        NOW + 1,
+    );
+    // Both due dates passed: compacted by this sweep, purged only by the next one.
+    let both = expiring("acme:prod:wf-sweep:both", applied("ticket-b"), 1_000, 2_000);
+    let records = [
+        &done_record,
+        &failed,
+        &boundary,
+        &fresh,
+        &old,
+        &never_ran,
+        &young,
+        &both,
+    ];
+    for r in records {
+        claim_new(&store, r, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
+    }
+
+    assert_eq!(
+        store
+            .sweep("prod", 8_999, 100)
+            .await
+            .expect("sweep succeeds"),
+        SweepReport {
+            compacted: 1,
+            purged: 0
+        },
+        "only `both` is due before 9 000"
+    );
+    let report = store.sweep("prod", NOW, 100).await.expect("sweep succeeds");
+    assert_eq!(
+        report,
+        SweepReport {
+            compacted: 3,
+            purged: 3
+        },
+        "applied, failed and boundary compacted; old, never-ran and both purged"
+    );
+    compacted(
+        &store,
+        &done_record,
+        Digest::Applied {
+            reference: "ticket-1".into(),
+        },
+        NOW,
+    )
+    .await;
+    compacted(
+        &store,
+        &failed,
+        Digest::Refused {
+            code: ErrorCode::DownstreamRejected,
+        },
+        NOW,
+    )
+    .await;
+    compacted(
+        &store,
+        &boundary,
+        Digest::Applied {
+            reference: "ticket-2".into(),
+        },
+        NOW,
+    )
+    .await;
+    for untouched in [&fresh, &young] {
+        assert_eq!(&stored(&store, &untouched.key).await, untouched);
+        assert_eq!(trace(&store, &untouched.key).await.len(), 1);
+    }
+    for gone in [&old, &never_ran, &both] {
+        assert_eq!(store.get(&gone.key).await.expect("get succeeds"), None);
+        assert_eq!(
+            trace(&store, &gone.key).await,
+            Vec::new(),
+            "a purge takes the trace too"
+        );
+    }
+
+    let again = store.sweep("prod", NOW, 100).await.expect("sweep succeeds");
+    assert_eq!(
+        again,
+        SweepReport::default(),
+        "nothing more is due at {NOW}"
+    );
+
+    // Far in the future: `fresh` is compacted, and every other tombstone purged.
+    let last = store
+        .sweep("prod", 1_000_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(
+        last,
+        SweepReport {
+            compacted: 1,
+            purged: 4
+        }
+    );
+    let left = store.list(Filter::default()).await.expect("list succeeds");
+    assert_eq!(keys(&left), vec![fresh.key.as_str().to_string()]);
+    assert_eq!(left[0].status(), RecordStatus::Tombstone);
+    let end = store
+        .sweep("prod", 1_000_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(
+        end,
+        SweepReport {
+            compacted: 0,
+            purged: 1
+        }
+    );
+}
+
+/// A sweep of one environment leaves every other environment's records alone, even a tenant
+/// that bears the environment's name, or an environment it is a prefix of.
+pub async fn sweep_is_scoped_by_environment<S: Store>(store: S) {
+    let make = |key_text: &str| {
+        [
+            expiring(&format!("{key_text}:applied"), applied("t"), 100, 50_000),
+            expiring(
+                &format!("{key_text}:tombstone"),
+                RecordState::Tombstone(Digest::NeverRan),
+                0,
+                100,
+            ),
+        ]
+    };
+    let prod = make("acme:prod:wf-scope");
+    let staging = make("acme:staging:wf-scope");
+    let production = make("acme:production:wf-scope");
+    let named = make("prod:staging:wf-scope");
+    for r in prod.iter().chain(&staging).chain(&production).chain(&named) {
+        claim_new(&store, r, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
+    }
+
+    let report = store
+        .sweep("prod", 1_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(
+        report,
+        SweepReport {
+            compacted: 1,
+            purged: 1
+        }
+    );
+    assert_eq!(
+        stored(&store, &prod[0].key).await.status(),
+        RecordStatus::Tombstone
+    );
+    assert_eq!(store.get(&prod[1].key).await.expect("get succeeds"), None);
+    for r in staging.iter().chain(&production).chain(&named) {
+        assert_eq!(&stored(&store, &r.key).await, r, "{}", r.key);
+        assert_eq!(trace(&store, &r.key).await.len(), 1, "{}", r.key);
+    }
+
+    let report = store
+        .sweep("staging", 1_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(
+        report,
+        SweepReport {
+            compacted: 2,
+            purged: 2
+        },
+        "acme's and the tenant named prod's"
+    );
+    for r in &production {
+        assert_eq!(&stored(&store, &r.key).await, r, "{}", r.key);
+    }
+    assert_eq!(
+        store
+            .sweep("nowhere", 1_000, 100)
+            .await
+            .expect("sweep succeeds"),
+        SweepReport::default()
+    );
+}
+
+/// Records that have not settled — pending (owned, released, a job), awaiting approval,
+/// unknown — are never swept, however long past every date they carry.
+pub async fn sweep_never_touches_unsettled_records<S: Store>(store: S) {
+    let released = RecordState::Pending {
+        lease: Lease {
+            owner: None,
+            expires_at: 0,
+        },
+        dispatch: Dispatch::NotSent,
+    };
+    let job = RecordState::Pending {
+        lease: Lease {
+            owner: Some("w1".into()),
+            expires_at: 0,
+        },
+        dispatch: Dispatch::Job {
+            job_id: "job-1".into(),
+        },
+    };
+    let unsettled = [
+        expiring("acme:prod:wf-unsettled:owned", pending("w1", 0), 0, 0),
+        expiring("acme:prod:wf-unsettled:released", released, 0, 0),
+        expiring("acme:prod:wf-unsettled:job", job, 0, 0),
+        expiring("acme:prod:wf-unsettled:approval", awaiting(0), 0, 0),
+        expiring("acme:prod:wf-unsettled:unknown", unknown(), 0, 0),
+    ];
+    for r in &unsettled {
+        claim_new(&store, r, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
+    }
+    let report = store
+        .sweep("prod", 1_000_000_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(report, SweepReport::default());
+    for r in &unsettled {
+        assert_eq!(&stored(&store, &r.key).await, r, "{}", r.key);
+        assert_eq!(trace(&store, &r.key).await.len(), 1, "{}", r.key);
+    }
+}
+
+/// A sweep touches at most `limit` records of each kind, the earliest due first (then by
+/// key); a limit of 0 touches none.
+pub async fn sweep_respects_limit<S: Store>(store: S) {
+    for i in 0..3 {
+        let r = expiring(
+            &format!("acme:prod:wf-limit:applied{i}"),
+            applied("t"),
+            100 + i,
+            50_000,
+        );
+        claim_new(&store, &r, Vec::new()).await;
+    }
+    // Two tombstones due at one instant: key order decides.
+    for (name, purge_at) in [
+        ("tomb0", 300),
+        ("tomb1", 299),
+        ("tomb2", 298),
+        ("tomb3", 298),
+    ] {
+        let r = expiring(
+            &format!("acme:prod:wf-limit:{name}"),
+            RecordState::Tombstone(Digest::NeverRan),
+            0,
+            purge_at,
+        );
+        claim_new(&store, &r, Vec::new()).await;
+    }
+    let nothing = store.sweep("prod", 1_000, 0).await.expect("sweep succeeds");
+    assert_eq!(
+        nothing,
+        SweepReport::default(),
+        "a limit of 0 sweeps nothing"
+    );
+    let first = store.sweep("prod", 1_000, 2).await.expect("sweep succeeds");
+    assert_eq!(
+        first,
+        SweepReport {
+            compacted: 2,
+            purged: 2
+        }
+    );
+    let gone = |name: &str| {
+        let store = &store;
+        let key = key(&format!("acme:prod:wf-limit:{name}"));
+        async move { store.get(&key).await.expect("get succeeds").is_none() }
+    };
+    assert!(gone("tomb2").await && gone("tomb3").await);
+    assert!(!gone("tomb1").await && !gone("tomb0").await);
+    let status = |name: &str| {
+        let store = &store;
+        let key = key(&format!("acme:prod:wf-limit:{name}"));
+        async move { stored(store, &key).await.status() }
+    };
+    assert_eq!(status("applied0").await, RecordStatus::Tombstone);
+    assert_eq!(status("applied1").await, RecordStatus::Tombstone);
+    assert_eq!(status("applied2").await, RecordStatus::Applied);
+
+    let rest = store.sweep("prod", 1_000, 2).await.expect("sweep succeeds");
+    assert_eq!(
+        rest,
+        SweepReport {
+            compacted: 1,
+            purged: 2
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round trips.
+
 /// Every state comes back from the store exactly as it went in, whether claimed with it or
 /// reached by a transition.
 pub async fn every_state_round_trips<S: Store>(store: S) {
@@ -841,7 +1957,8 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
                 job_id: "job-7".into(),
             },
         },
-        RecordState::AwaitingApproval { until: 900 },
+        awaiting(77_000),
+        awaiting(NOT_SETTLED),
         RecordState::Applied(Receipt {
             reference: "ticket_1".into(),
             result: json!({"id": 1, "nested": {"list": [1, "two", null, true]}, "text": "é ✓"}),
@@ -850,10 +1967,7 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
             reference: "ticket_2".into(),
             result: Value::Null,
         }),
-        RecordState::FailedPermanent(Refusal {
-            code: ErrorCode::DownstreamRejected,
-            message: "no".into(),
-        }),
+        refused(ErrorCode::DownstreamRejected),
         RecordState::FailedPermanent(Refusal {
             code: ErrorCode::ApprovalDenied,
             message: String::new(),
@@ -882,6 +1996,7 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
         claimed.request = (i % 3 != 0).then(|| json!({"i": i, "big": 9_007_199_254_740_991_i64}));
         claimed.fence = 1 + i as u64;
         claimed.created_at = -5 + i as Millis;
+        claimed.intent_window = i % 2 == 1;
         claim_new(&store, &claimed, Vec::new()).await;
         assert_eq!(
             stored(&store, &claimed.key).await,
@@ -903,5 +2018,106 @@ pub async fn every_state_round_trips<S: Store>(store: S) {
             reached,
             "reached {state:?}"
         );
+    }
+}
+
+/// A tombstone remembers what it settled as — an effect's reference, a refusal's code, or that
+/// nothing ever ran — whether claimed as one, reached by a transition that settles it, or made
+/// by a sweep; listings by status return it so.
+pub async fn digests_round_trip<S: Store>(store: S) {
+    let digests = [
+        Digest::Applied {
+            reference: "ticket-9".into(),
+        },
+        Digest::Refused {
+            code: ErrorCode::ApprovalExpired,
+        },
+        Digest::Refused {
+            code: ErrorCode::ApprovalDenied,
+        },
+        Digest::NeverRan,
+    ];
+    let mut tombstones = Vec::new();
+    for (i, digest) in digests.iter().enumerate() {
+        let claimed = record(
+            &format!("acme:prod:wf-digest:c{i}"),
+            RecordState::Tombstone(digest.clone()),
+        );
+        claim_new(&store, &claimed, Vec::new()).await;
+        assert_eq!(stored(&store, &claimed.key).await, claimed);
+        tombstones.push(claimed);
+
+        // Straight to a tombstone, as an approval that expired or a released claim that no
+        // delivery took up again: the transition settles it and fixes its expiry.
+        let start = record(&format!("acme:prod:wf-digest:t{i}"), awaiting(5_000));
+        claim_new(&store, &start, Vec::new()).await;
+        let mut settle = step(&start, RecordState::Tombstone(digest.clone()), 5_000);
+        settle.request = RequestUpdate::Clear;
+        settle.expiry = Some(Expiry {
+            expires_at: 5_000,
+            purge_at: 5_000 + 86_400_000,
+        });
+        let reached = done(store.transition(settle).await.expect("transition succeeds"));
+        assert_eq!(reached.state, RecordState::Tombstone(digest.clone()));
+        assert_eq!(reached.effect_reference(), digest.reference());
+        assert_eq!(stored(&store, &start.key).await, reached);
+        tombstones.push(reached);
+    }
+    tombstones.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+    let listed = store
+        .list(Filter {
+            status: Some(RecordStatus::Tombstone),
+            limit: 1000,
+            ..Filter::default()
+        })
+        .await
+        .expect("list succeeds");
+    assert_eq!(listed, tombstones);
+
+    // Made by a sweep: each refusal keeps its own code.
+    let settled = [
+        (
+            applied("ticket-s"),
+            Digest::Applied {
+                reference: "ticket-s".into(),
+            },
+        ),
+        (
+            refused(ErrorCode::DownstreamRejected),
+            Digest::Refused {
+                code: ErrorCode::DownstreamRejected,
+            },
+        ),
+        (
+            refused(ErrorCode::ApprovalDenied),
+            Digest::Refused {
+                code: ErrorCode::ApprovalDenied,
+            },
+        ),
+    ];
+    let mut swept = Vec::new();
+    for (i, (state, _)) in settled.iter().enumerate() {
+        let r = expiring(
+            &format!("acme:prod:wf-digest:s{i}"),
+            state.clone(),
+            6_000,
+            900_000,
+        );
+        claim_new(&store, &r, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
+        swept.push(r);
+    }
+    let report = store
+        .sweep("prod", 6_000, 100)
+        .await
+        .expect("sweep succeeds");
+    assert_eq!(
+        report,
+        SweepReport {
+            compacted: 3,
+            purged: 0
+        }
+    );
+    for (r, (_, digest)) in swept.iter().zip(settled) {
+        compacted(&store, r, digest, 6_000).await;
     }
 }

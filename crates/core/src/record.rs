@@ -198,7 +198,11 @@ impl Record {
     pub fn lease(&self) -> Option<&Lease> {
         match &self.state {
             RecordState::Pending { lease, .. } => Some(lease),
-            _ => None,
+            RecordState::AwaitingApproval { .. }
+            | RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Unknown(_)
+            | RecordState::Tombstone(_) => None,
         }
     }
 

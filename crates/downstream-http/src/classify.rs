@@ -127,7 +127,7 @@ pub(crate) struct EffectRules<'a> {
 }
 
 pub(crate) fn effect(rules: &EffectRules<'_>, reply: &Reply<'_>) -> EffectOutcome {
-    let ambiguous = |reason: String| EffectOutcome::Ambiguous { reason };
+    let ambiguous = EffectOutcome::ambiguous;
     let (status, retry, body) = match reply {
         // Only a connection that was never made proves the request never left: release.
         Reply::Failed(Transport::NotConnected(e)) => {
@@ -192,11 +192,15 @@ pub(crate) fn effect(rules: &EffectRules<'_>, reply: &Reply<'_>) -> EffectOutcom
             retry_after: retry_after(retry),
         },
         // Conflict: per the idempotency-key draft, another request under this key is still in
-        // progress — the effect may be happening right now.
-        409 => ambiguous(format!(
-            "downstream answered {}: a request under this key may be in progress",
-            status_text(status)
-        )),
+        // progress — the effect may be happening right now. Its `Retry-After` says when the
+        // first request may have finished, so it is kept as advice for the resend.
+        409 => EffectOutcome::Ambiguous {
+            reason: format!(
+                "downstream answered {}: a request under this key may be in progress",
+                status_text(status)
+            ),
+            retry_after: retry_after(retry),
+        },
         // A version precondition (If-Match) did not hold: the downstream refused before acting.
         412 => EffectOutcome::PreconditionFailed(format!(
             "downstream answered {}: the target changed since its version was read",
@@ -216,8 +220,13 @@ pub(crate) fn effect(rules: &EffectRules<'_>, reply: &Reply<'_>) -> EffectOutcom
             })
         }
         // A 5xx can come after the commit (a crash while answering, a proxy's 502/504 in front
-        // of a slow success): ambiguous, never "not sent".
-        500..=599 => ambiguous(format!("downstream answered {}", status_text(status))),
+        // of a slow success): ambiguous, never "not sent". A `Retry-After` (typically on a 503)
+        // is the downstream's advice on when a resend may be served; the executor waits that
+        // long before it resends or looks the receipt up.
+        500..=599 => EffectOutcome::Ambiguous {
+            reason: format!("downstream answered {}", status_text(status)),
+            retry_after: retry_after(retry),
+        },
         // Informational or non-standard codes are not answers we understand.
         _ => ambiguous(format!("downstream answered status {status}")),
     }
@@ -253,6 +262,18 @@ pub(crate) fn job(plan: &JobPlan, reply: &Reply<'_>) -> JobStatus {
             body,
             ..
         } => body,
+        // The downstream says it does not know this job (any more, or for this key): asking
+        // again cannot finish it, and it may have run, so the executor ends it `unknown`
+        // instead of polling for ever.
+        Reply::Answered {
+            status: status @ (404 | 410),
+            ..
+        } => {
+            return JobStatus::Gone(format!(
+                "job poll answered {}: the downstream does not know the job",
+                status_text(*status)
+            ));
+        }
         Reply::Answered { status, .. } => {
             return JobStatus::Unavailable(format!("job poll answered {}", status_text(*status)));
         }
@@ -360,7 +381,7 @@ mod tests {
             EffectOutcome::Refused(r) => format!("refused {}: {}", r.code.as_str(), r.message),
             EffectOutcome::PreconditionFailed(_) => "precondition".into(),
             EffectOutcome::NotSent { retry_after, .. } => format!("not_sent {retry_after:?}"),
-            EffectOutcome::Ambiguous { .. } => "ambiguous".into(),
+            EffectOutcome::Ambiguous { retry_after, .. } => format!("ambiguous {retry_after:?}"),
         }
     }
 
@@ -412,12 +433,12 @@ mod tests {
         check(false, answer(408, ""), "not_sent None");
         check(false, answer(425, ""), "not_sent None");
         check(false, answer(429, ""), "not_sent None");
-        check(false, answer(409, ""), "ambiguous");
+        check(false, answer(409, ""), "ambiguous None");
         check(false, answer(412, ""), "precondition");
         // 5xx: all ambiguous, whatever the body says.
         check(false, answer(500, r#"{"ticket_id":"t_1"}"#), "ambiguous");
         check(false, answer(502, ""), "ambiguous");
-        check(false, answer(503, ""), "ambiguous");
+        check(false, answer(503, ""), "ambiguous None");
         check(false, answer(504, ""), "ambiguous");
         // Odd codes are not understood.
         check(false, answer(101, ""), "ambiguous");
@@ -429,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_is_carried_on_not_processed_answers() {
+    fn retry_after_is_carried_on_not_processed_and_ambiguous_answers() {
         let with = |status, header| {
             let x = extract();
             let rules = EffectRules {
@@ -453,6 +474,21 @@ mod tests {
             "not_sent None"
         );
         assert_eq!(with(429, Some("-1")), "not_sent None");
+        // An ambiguous answer keeps the advice for the resend (or lookup) it leads to.
+        assert_eq!(with(503, Some("120")), "ambiguous Some(120)");
+        assert_eq!(with(503, None), "ambiguous None");
+        assert_eq!(with(500, Some("3")), "ambiguous Some(3)");
+        assert_eq!(with(502, Some(" 5 ")), "ambiguous Some(5)");
+        assert_eq!(with(504, Some("0")), "ambiguous Some(0)");
+        assert_eq!(
+            with(503, Some("Wed, 21 Oct 2026 07:28:00 GMT")),
+            "ambiguous None"
+        );
+        assert_eq!(with(503, Some("1.5")), "ambiguous None");
+        assert_eq!(with(409, Some("2")), "ambiguous Some(2)");
+        // Advice on an answer that proves nothing else is not taken: a 2xx without a receipt
+        // is settled by a lookup, not by waiting.
+        assert_eq!(with(200, Some("9")), "ambiguous None");
     }
 
     #[test]
@@ -546,6 +582,7 @@ mod tests {
             JobStatus::Running => "running".into(),
             JobStatus::Done(r) => format!("done {}", r.reference),
             JobStatus::Failed(r) => format!("failed {}", r.message),
+            JobStatus::Gone(_) => "gone".into(),
             JobStatus::Unavailable(_) => "unavailable".into(),
         }
     }
@@ -563,8 +600,17 @@ mod tests {
             (answer(200, r#"{"status":"failed"}"#), "failed downstream job ended `failed`"),
             (answer(200, r#"{"state":"done"}"#), "unavailable"),
             (answer(200, "nope"), "unavailable"),
-            (answer(404, ""), "unavailable"),
+            // The downstream no longer knows the job: it ends, it is not asked for ever.
+            (answer(404, ""), "gone"),
+            (answer(404, r#"{"status":"done","report_id":"r_1"}"#), "gone"),
+            (answer(410, ""), "gone"),
+            // Everything else may answer differently later.
+            (answer(400, ""), "unavailable"),
+            (answer(403, ""), "unavailable"),
+            (answer(429, ""), "unavailable"),
             (answer(500, ""), "unavailable"),
+            (answer(503, ""), "unavailable"),
+            (Reply::Failed(Transport::NotConnected("refused".into())), "unavailable"),
             (Reply::Failed(Transport::Lost("reset".into())), "unavailable"),
         ];
         for (reply, expect) in cases {

@@ -23,6 +23,9 @@ use crate::template::FillError;
 pub struct HttpDownstream {
     plan: Arc<Plan>,
     client: reqwest::Client,
+    /// The argument the contract sends as `If-Match` (`downstream.version_precondition`), so
+    /// that [`Downstream::check`] can refuse a value no entity tag can carry.
+    precondition: Option<String>,
 }
 
 impl fmt::Debug for HttpDownstream {
@@ -48,6 +51,7 @@ impl HttpDownstream {
         Ok(HttpDownstream {
             plan: Arc::new(plan),
             client,
+            precondition: contract.file.downstream.version_precondition.clone(),
         })
     }
 
@@ -84,9 +88,9 @@ impl HttpDownstream {
 
 /// A placeholder's value: the operation key, or an argument that is a string, number or
 /// boolean. The error names the argument and never carries its value.
-fn argument(name: &str, key: &OperationKey, arguments: &Value) -> Result<String, FillError> {
+fn argument(name: &str, key: &str, arguments: &Value) -> Result<String, FillError> {
     if name == "operation_key" {
-        return Ok(key.as_str().to_string());
+        return Ok(key.to_string());
     }
     match arguments.get(name) {
         Some(Value::String(s)) => Ok(s.clone()),
@@ -98,21 +102,28 @@ fn argument(name: &str, key: &OperationKey, arguments: &Value) -> Result<String,
     }
 }
 
+/// Stands in for the operation key when [`Downstream::check`] fills a URL before any key is
+/// claimed. A real key always holds `:` (encoded `%3A`), so it can never be a segment the
+/// template refuses; any stand-in with the same property checks the same.
+const KEY_STAND_IN: &str = "tenant:environment:workflow:step";
+
 /// A version precondition as an `If-Match` entity tag: a number or bare string is quoted; a
-/// string that already is an entity tag (`"v3"`, `W/"v3"`) is sent as it is.
-fn if_match(value: &Value) -> Result<HeaderValue, String> {
+/// string that already is an entity tag (`"v3"`, `W/"v3"`) is sent as it is. The error says
+/// what the value must be, naming the argument `field`, never the value.
+fn if_match(field: &str, value: &Value) -> Result<HeaderValue, String> {
     let tag = match value {
         Value::Number(n) => format!("\"{n}\""),
         Value::String(s) if s.starts_with('"') || s.starts_with("W/\"") => s.clone(),
         Value::String(s) if !s.contains('"') => format!("\"{s}\""),
         _ => {
-            return Err(
-                "the version precondition must be a number or a string without quotes".into(),
-            );
+            return Err(format!(
+                "argument `{field}` is the version precondition and must be a number or a string without quotes"
+            ));
         }
     };
-    HeaderValue::from_str(&tag)
-        .map_err(|_| "the version precondition is not a valid entity tag".to_string())
+    HeaderValue::from_str(&tag).map_err(|_| {
+        format!("argument `{field}` is the version precondition and is not a valid entity tag")
+    })
 }
 
 fn invalid(message: String) -> EffectOutcome {
@@ -125,17 +136,38 @@ fn invalid(message: String) -> EffectOutcome {
 }
 
 impl Downstream for HttpDownstream {
+    /// The same checks `perform` makes before it sends, made before any record is written: the
+    /// effect's URL must fill from the arguments (each placeholder present, a scalar, and not
+    /// moving the path), and a declared version precondition must make an entity tag.
+    /// `perform` still makes them itself, for a caller that did not ask first.
+    fn check(&self, arguments: &Value) -> Result<(), String> {
+        self.plan
+            .effect
+            .url
+            .fill(|name| argument(name, KEY_STAND_IN, arguments))
+            .map_err(|FillError(m)| m)?;
+        let precondition = self.precondition.as_deref();
+        match precondition.and_then(|field| Some((field, arguments.get(field)?))) {
+            Some((field, value)) => if_match(field, value).map(drop),
+            None => Ok(()),
+        }
+    }
+
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         Box::pin(async move {
             let plan = &*self.plan;
             let mut builder = match self.request(&plan.effect, request.key, |name| {
-                argument(name, request.key, request.arguments)
+                argument(name, request.key.as_str(), request.arguments)
             }) {
                 Ok(b) => b,
                 Err(FillError(m)) => return invalid(m),
             };
             if let Some(precondition) = request.precondition {
-                match if_match(precondition) {
+                let field = self
+                    .precondition
+                    .as_deref()
+                    .unwrap_or("version precondition");
+                match if_match(field, precondition) {
                     Ok(tag) => builder = builder.header(IF_MATCH, tag),
                     Err(m) => return invalid(m),
                 }
@@ -170,7 +202,7 @@ impl Downstream for HttpDownstream {
                 );
             };
             let builder = match self.request(&lookup.request, key, |name| {
-                argument(name, key, &Value::Null)
+                argument(name, key.as_str(), &Value::Null)
             }) {
                 Ok(b) => b,
                 Err(FillError(m)) => return Lookup::Unavailable(m),
@@ -197,10 +229,18 @@ impl Downstream for HttpDownstream {
             };
             let builder = match self.request(&job.poll, key, |name| match name {
                 "job_id" => Ok(job_id.to_string()),
-                name => argument(name, key, &Value::Null),
+                name => argument(name, key.as_str(), &Value::Null),
             }) {
                 Ok(b) => b,
-                Err(FillError(m)) => return JobStatus::Unavailable(m),
+                // The poll URL holds only the job id and the key, and a key always fills, so
+                // the downstream's own job id (`..`, say) cannot be put in the URL. Asking
+                // again would fail the same way for ever: the job cannot be followed, and its
+                // outcome cannot be proved.
+                Err(FillError(m)) => {
+                    return JobStatus::Gone(format!(
+                        "the downstream's job id cannot be put in the poll URL: {m}"
+                    ));
+                }
             };
             let answer = exchange(builder).await;
             let status = classify::job(job, &answer.reply());
@@ -336,7 +376,7 @@ mod tests {
 
     #[test]
     fn preconditions_become_entity_tags() {
-        let tag = |v: Value| if_match(&v).map(|h| h.to_str().unwrap().to_string());
+        let tag = |v: Value| if_match("version", &v).map(|h| h.to_str().unwrap().to_string());
         assert_eq!(tag(json!(3)), Ok("\"3\"".into()));
         assert_eq!(tag(json!("v7")), Ok("\"v7\"".into()));
         assert_eq!(tag(json!("\"v7\"")), Ok("\"v7\"".into()));
@@ -348,14 +388,134 @@ mod tests {
 
     #[test]
     fn url_arguments_are_scalars_and_errors_never_carry_values() {
-        let key = OperationKey::new("t", "e", "w", "s").unwrap();
+        let key = "t:e:w:s";
         let args = json!({"id": "ticket_1", "n": 4, "b": true, "o": {"secret": "x"}});
-        assert_eq!(argument("id", &key, &args), Ok("ticket_1".into()));
-        assert_eq!(argument("n", &key, &args), Ok("4".into()));
-        assert_eq!(argument("b", &key, &args), Ok("true".into()));
-        assert_eq!(argument("operation_key", &key, &args), Ok("t:e:w:s".into()));
-        let FillError(m) = argument("o", &key, &args).unwrap_err();
+        assert_eq!(argument("id", key, &args), Ok("ticket_1".into()));
+        assert_eq!(argument("n", key, &args), Ok("4".into()));
+        assert_eq!(argument("b", key, &args), Ok("true".into()));
+        assert_eq!(argument("operation_key", key, &args), Ok("t:e:w:s".into()));
+        let FillError(m) = argument("o", key, &args).unwrap_err();
         assert!(m.contains("`o`") && !m.contains("secret"), "{m}");
-        assert!(argument("missing", &key, &args).is_err());
+        assert!(argument("missing", key, &args).is_err());
+    }
+
+    #[test]
+    fn the_key_stand_in_is_a_key() {
+        assert_eq!(
+            OperationKey::parse(KEY_STAND_IN).unwrap().as_str(),
+            KEY_STAND_IN
+        );
+    }
+
+    fn downstream(url: &str, precondition: bool) -> HttpDownstream {
+        let (class, extra) = match precondition {
+            true => ("natural_idempotent", "  version_precondition: version\n"),
+            false => ("key_based", ""),
+        };
+        let yaml = format!(
+            r#"name: accounts.tickets
+version: "1"
+effect_class: {class}
+input_schema:
+  type: object
+  properties:
+    account: {{type: string}}
+    n: {{type: integer}}
+    version: {{}}
+    secret: {{type: string}}
+request_fingerprint:
+  fields: [account]
+downstream:
+{extra}  http:
+    url: {url}
+    reference: /id
+retention:
+  record_ttl: 1h
+  tombstone_ttl: 1d
+  max_retry_window: 1h
+"#
+        );
+        let contract = Contract::load(&yaml, "test.yaml").unwrap();
+        HttpDownstream::from_contract(&contract).unwrap()
+    }
+
+    /// `Downstream::check` on `arguments`: `Ok`, or the message, which must name `expect` and
+    /// carry no argument's value.
+    fn check(d: &HttpDownstream, arguments: Value, expect: Result<(), &str>) {
+        let got = d.check(&arguments);
+        match (&got, expect) {
+            (Ok(()), Ok(())) => {}
+            (Err(m), Err(needle)) => {
+                assert!(m.contains(needle), "{arguments}: {m}");
+                assert!(!m.contains("s3cr3t"), "{arguments}: {m}");
+            }
+            _ => panic!("{arguments}: got {got:?}, expected {expect:?}"),
+        }
+    }
+
+    #[test]
+    fn a_job_id_that_would_move_the_poll_path_ends_the_job() {
+        let yaml = r#"name: reports.generate
+version: "1"
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    report_type: {type: string}
+request_fingerprint:
+  fields: [report_type]
+downstream:
+  deduplicates_by_key: true
+  async_jobs: true
+  http:
+    url: http://127.0.0.1:9/reports
+    reference: /report_id
+    job:
+      id: /job_id
+      poll_url: http://127.0.0.1:9/jobs/{job_id}
+      state: /status
+      reference: /report_id
+retention:
+  record_ttl: 1h
+  tombstone_ttl: 1d
+  max_retry_window: 1h
+"#;
+        let d = HttpDownstream::from_contract(&Contract::load(yaml, "test.yaml").unwrap()).unwrap();
+        let key = OperationKey::parse(KEY_STAND_IN).unwrap();
+        for job_id in ["..", ".", ""] {
+            // Refused before any request, so the future is ready at its first poll.
+            let mut poll = std::pin::pin!(d.poll_job(&key, job_id));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let std::task::Poll::Ready(status) = poll.as_mut().poll(&mut cx) else {
+                panic!("{job_id:?}: the poll went to the network");
+            };
+            assert!(
+                matches!(status, JobStatus::Gone(_)),
+                "{job_id:?}: {status:?}"
+            );
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn arguments_the_url_cannot_take_are_refused_before_any_claim() {
+        let d = downstream("http://h/accounts/{account}/tickets?n={n}&k={operation_key}", false);
+        check(&d, json!({"account": "acct_1", "n": 3}), Ok(()));
+        check(&d, json!({"account": "a/..", "n": 3, "secret": "s3cr3t"}), Ok(()));
+        check(&d, json!({"account": "..", "n": 3}), Err("argument `account` fills a segment"));
+        check(&d, json!({"account": ".", "n": 3}), Err("argument `account` fills a segment"));
+        check(&d, json!({"account": "", "n": 3}), Err("argument `account` fills a segment"));
+        check(&d, json!({"n": 3}), Err("argument `account` is used in the downstream URL and must be a string, number or boolean"));
+        check(&d, json!({"account": null, "n": 3}), Err("argument `account`"));
+        check(&d, json!({"account": {"s3cr3t": 1}, "n": 3}), Err("argument `account`"));
+        check(&d, json!({"account": ["s3cr3t"], "n": 3}), Err("argument `account`"));
+        check(&d, json!({"account": "acct_1"}), Err("argument `n`"));
+        let d = downstream("http://h/accounts/{account}", true);
+        check(&d, json!({"account": "a", "version": 3}), Ok(()));
+        check(&d, json!({"account": "a", "version": "W/\"v3\""}), Ok(()));
+        check(&d, json!({"account": "a"}), Ok(()));
+        check(&d, json!({"account": "a", "version": "s3cr3t\"x"}), Err("argument `version` is the version precondition"));
+        check(&d, json!({"account": "a", "version": {"s3cr3t": 1}}), Err("argument `version` is the version precondition"));
+        check(&d, json!({"account": "a", "version": "s3cr3t\n"}), Err("argument `version` is the version precondition and is not a valid entity tag"));
     }
 }

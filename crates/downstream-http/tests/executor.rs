@@ -193,6 +193,36 @@ async fn not_processed_releases_the_claim_and_a_retry_applies_once() {
 }
 
 #[tokio::test]
+async fn a_url_argument_that_would_move_the_path_leaves_no_record() {
+    let server = FakeServer::start().await;
+    let base = format!("http://{}", server.addr());
+    let text = tickets_yaml_without_retention(&base).replace(
+        &format!("url: {base}/tickets\n"),
+        &format!("url: {base}/queues/{{queue_id}}/tickets\n"),
+    );
+    let w = world_with(server, common::load(&text));
+    for queue_id in ["..", ".", ""] {
+        let args = serde_json::json!({"queue_id": queue_id, "subject": "Printer on fire"});
+        let outcome = bounded(
+            w.executor
+                .execute(&w.contract, &op("s1"), &args, &w.downstream),
+        )
+        .await;
+        assert_eq!(
+            outcome.status,
+            Status::Rejected,
+            "{queue_id:?}: {outcome:?}"
+        );
+        assert_eq!(outcome.error_code(), Some(ErrorCode::InvalidArguments));
+        assert!(outcome.safe_to_repeat, "nothing happened under the key");
+        let message = &outcome.error.as_ref().unwrap().message;
+        assert!(message.contains("`queue_id`"), "{message}");
+    }
+    assert_eq!(w.status("s1").await, None, "refused before any record");
+    assert!(w.server.requests().is_empty(), "nothing was sent");
+}
+
+#[tokio::test]
 async fn a_revoked_authorization_stops_the_replay() {
     let server = FakeServer::start().await;
     let base = format!("http://{}", server.addr());

@@ -28,7 +28,7 @@ fn kind(outcome: &EffectOutcome) -> String {
         EffectOutcome::Refused(r) => format!("refused {}", r.code.as_str()),
         EffectOutcome::PreconditionFailed(_) => "precondition".into(),
         EffectOutcome::NotSent { retry_after, .. } => format!("not_sent {retry_after:?}"),
-        EffectOutcome::Ambiguous { .. } => "ambiguous".into(),
+        EffectOutcome::Ambiguous { retry_after, .. } => format!("ambiguous {retry_after:?}"),
     }
 }
 
@@ -65,24 +65,27 @@ async fn check(fault: Option<HttpFault>, expect: &str, effects: usize) {
 #[rustfmt::skip]
 async fn each_fault_is_classified_and_counted_on_the_downstream_side() {
     check(None, "committed ticket_1", 1).await;
-    check(Some(HttpFault::CommitThenDrop), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenStatus(500)), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenStatus(502)), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenStatus(503)), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenDelay(Duration::from_secs(3))), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenInvalidJson), "ambiguous", 1).await;
-    check(Some(HttpFault::CommitThenMissingReference), "ambiguous", 1).await;
+    check(Some(HttpFault::CommitThenDrop), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenStatus(500)), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenStatus(502)), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenStatus(503)), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenDelay(Duration::from_secs(3))), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenInvalidJson), "ambiguous None", 1).await;
+    check(Some(HttpFault::CommitThenMissingReference), "ambiguous None", 1).await;
     check(Some(HttpFault::refuse()), "refused downstream_rejected", 0).await;
     check(Some(HttpFault::Status { status: 404, retry_after: None }), "refused downstream_rejected", 0).await;
     check(Some(HttpFault::not_processed(7)), "not_sent Some(7)", 0).await;
     check(Some(HttpFault::Status { status: 408, retry_after: None }), "not_sent None", 0).await;
     check(Some(HttpFault::Status { status: 425, retry_after: Some(2) }), "not_sent Some(2)", 0).await;
-    check(Some(HttpFault::Status { status: 409, retry_after: None }), "ambiguous", 0).await;
+    check(Some(HttpFault::Status { status: 409, retry_after: None }), "ambiguous None", 0).await;
     check(Some(HttpFault::Status { status: 412, retry_after: None }), "precondition", 0).await;
-    check(Some(HttpFault::Status { status: 500, retry_after: None }), "ambiguous", 0).await;
-    check(Some(HttpFault::Hang(Duration::from_secs(3))), "ambiguous", 0).await;
+    check(Some(HttpFault::Status { status: 500, retry_after: None }), "ambiguous None", 0).await;
+    // A 5xx's Retry-After is advice for the resend, carried on the ambiguous outcome.
+    check(Some(HttpFault::Status { status: 503, retry_after: Some(30) }), "ambiguous Some(30)", 0).await;
+    check(Some(HttpFault::Status { status: 500, retry_after: Some(4) }), "ambiguous Some(4)", 0).await;
+    check(Some(HttpFault::Hang(Duration::from_secs(3))), "ambiguous None", 0).await;
     // A 202 where the contract declares no jobs proves nothing.
-    check(Some(HttpFault::AcceptJob), "ambiguous", 0).await;
+    check(Some(HttpFault::AcceptJob), "ambiguous None", 0).await;
 }
 
 /// The reason an ambiguous answer gives: how far the request got.
@@ -93,7 +96,7 @@ async fn ambiguous_reason(fault: HttpFault) -> String {
     let downstream = HttpDownstream::from_contract(&contract).unwrap();
     let (k, args) = (key("s1"), ticket_args());
     match bounded(downstream.perform(request(&k, &args))).await {
-        EffectOutcome::Ambiguous { reason } => reason,
+        EffectOutcome::Ambiguous { reason, .. } => reason,
         other => panic!("{fault:?}: expected ambiguous, got {other:?}"),
     }
 }
@@ -121,9 +124,9 @@ async fn ambiguous_answers_say_how_far_the_request_got() {
 #[tokio::test]
 async fn faults_queued_on_the_fake_downstream_travel_as_http() {
     for (fault, expect, effects) in [
-        (Fault::CommitThenDrop, "ambiguous", 1),
-        (Fault::CommitThenFail, "ambiguous", 1),
-        (Fault::Malformed, "ambiguous", 1),
+        (Fault::CommitThenDrop, "ambiguous None", 1),
+        (Fault::CommitThenFail, "ambiguous None", 1),
+        (Fault::Malformed, "ambiguous None", 1),
         (Fault::PreconditionFailed, "precondition", 0),
         (Fault::NotSent, "not_sent Some(1)", 0),
         (
@@ -193,7 +196,7 @@ async fn a_resend_under_the_same_key_is_deduplicated_by_the_downstream() {
     let downstream = HttpDownstream::from_contract(&contract).unwrap();
     let (k, args) = (key("s1"), ticket_args());
     let first = bounded(downstream.perform(request(&k, &args))).await;
-    assert_eq!(kind(&first), "ambiguous");
+    assert_eq!(kind(&first), "ambiguous None");
     let resend = bounded(downstream.perform(request(&k, &args))).await;
     assert_eq!(kind(&resend), "committed ticket_1");
     assert_eq!(server.downstream().effects(), 1);
@@ -321,13 +324,14 @@ async fn a_job_is_accepted_polled_and_finished() {
     );
     assert_eq!(server.downstream().effects_for(&k), 1);
     // Another operation's key cannot read this job; an unknown job is unavailable.
+    // Both answer 404, which ends a job: asking again would never finish it.
     assert!(matches!(
         bounded(downstream.poll_job(&key("r2"), "job_1")).await,
-        JobStatus::Unavailable(_)
+        JobStatus::Gone(_)
     ));
     assert!(matches!(
         bounded(downstream.poll_job(&k, "job_9")).await,
-        JobStatus::Unavailable(_)
+        JobStatus::Gone(_)
     ));
     // A resend of a finished job is answered with its receipt, not a second job.
     let resend = bounded(downstream.perform(request(&k, &args))).await;
@@ -432,12 +436,45 @@ async fn a_url_argument_is_percent_encoded_and_cannot_walk_the_path() {
 }
 
 #[tokio::test]
+async fn a_url_argument_that_would_move_the_path_is_refused_before_anything_is_sent() {
+    let server = FakeServer::start().await;
+    let contract = set_status(&format!("http://{}", server.addr()));
+    let downstream = HttpDownstream::from_contract(&contract).unwrap();
+    let k = key("st1");
+    for ticket_id in ["..", ".", ""] {
+        let args = json!({"ticket_id": ticket_id, "status": "solved", "expected_version": 1});
+        // Asked first, as the executor does before any record is written…
+        let checked = downstream.check(&args).unwrap_err();
+        assert!(checked.contains("argument `ticket_id`"), "{checked}");
+        // …and refused again by `perform` itself, for a caller that did not ask.
+        let EffectOutcome::Refused(refusal) = put_status(&downstream, &contract, &k, &args).await
+        else {
+            panic!("{ticket_id:?}: expected a refusal");
+        };
+        assert_eq!(refusal.code, ErrorCode::InvalidArguments);
+        assert_eq!(refusal.message, checked);
+    }
+    assert!(
+        server.requests().is_empty(),
+        "nothing reached the downstream"
+    );
+    // The same arguments with a usable value are sent.
+    server.put_ticket("ticket_1", "open", 1);
+    let args = json!({"ticket_id": "ticket_1", "status": "solved", "expected_version": 1});
+    assert_eq!(downstream.check(&args), Ok(()));
+    let sent = put_status(&downstream, &contract, &k, &args).await;
+    assert_eq!(kind(&sent), "committed ticket_1");
+}
+
+#[tokio::test]
 async fn a_missing_url_argument_is_refused_before_anything_is_sent() {
     let server = FakeServer::start().await;
     let contract = set_status(&format!("http://{}", server.addr()));
     let downstream = HttpDownstream::from_contract(&contract).unwrap();
     let k = key("st1");
     let args = json!({"status": "solved"});
+    let checked = downstream.check(&args).unwrap_err();
+    assert!(checked.contains("`ticket_id`"), "{checked}");
     let EffectOutcome::Refused(refusal) = bounded(downstream.perform(request(&k, &args))).await
     else {
         panic!("expected a refusal");

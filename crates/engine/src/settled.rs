@@ -52,7 +52,10 @@ fn small(record: &Record) -> bool {
                 && serde_json::to_writer(Budget(receipt.reference.len()), &receipt.result).is_ok()
         }
         RecordState::FailedPermanent(refusal) => refusal.message.len() <= MAX_RESULT_BYTES,
-        _ => false,
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval { .. }
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => false,
     }
 }
 

@@ -244,7 +244,11 @@ pub async fn run(
     );
     // Abandoned claims and accepted jobs are driven by the recoverer, not only by retries.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let recoverer = Recoverer::new(gateway.executor().clone(), gateway.clone());
+    let recoverer = Recoverer::new(
+        gateway.executor().clone(),
+        gateway.clone(),
+        args.environment.clone(),
+    );
     let mut stop = stop_rx.clone();
     let recovering = tokio::spawn(recoverer.run(
         Duration::from_secs(2),

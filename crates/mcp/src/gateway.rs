@@ -12,7 +12,7 @@ use idemgate_core::effect::Downstream;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
-use idemgate_engine::{Caller, Executor, Operation, Tools};
+use idemgate_engine::{Caller, Executor, Operation, StatusRead, Tools};
 use serde_json::Value;
 
 /// The executor as the MCP face sees it.
@@ -156,8 +156,15 @@ impl Gateway for LocalGateway {
                 workflow_id,
                 step_id,
             };
+            // Detached: a host that cancels the call (or closes the stream) stops waiting; the
+            // claimed execution runs to a settled state on its own task.
             self.executor
-                .execute(&t.contract, &operation, &arguments, t.downstream.as_ref())
+                .execute_detached(
+                    t.contract.clone(),
+                    operation,
+                    Arc::new(arguments),
+                    t.downstream.clone(),
+                )
                 .await
         })
     }
@@ -183,8 +190,12 @@ impl Gateway for LocalGateway {
             let tool = self.tools.get(&record.tool);
             let contract = tool.map(|t| t.contract.as_ref());
             let effect = tool.map(|t| t.downstream.as_ref());
-            match self.executor.status(contract, key, effect).await {
-                Ok(found) => found.map(|(_, outcome)| outcome),
+            // The stored result is handed out like a replay: the caller is rechecked first.
+            match self.executor.status(contract, key, effect, caller).await {
+                Ok(Some(StatusRead::Found { outcome, .. } | StatusRead::Denied(outcome))) => {
+                    Some(outcome)
+                }
+                Ok(None) => None,
                 Err(e) => Some(store_down(key, &e)),
             }
         })

@@ -1,6 +1,7 @@
 //! API v1: the handlers. Each authenticates, checks its input, calls the executor, and
 //! returns an [`Answer`] or an [`ApiError`]; `wire` turns those into HTTP.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -14,7 +15,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{Event, Record, RecordState, RecordStatus};
 use idemgate_core::store::Filter;
-use idemgate_engine::{Caller, Operation, Resolution};
+use idemgate_engine::{Caller, Operation, Resolution, StatusRead};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -158,6 +159,15 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiE
         .map_err(ApiError::unauthenticated)
 }
 
+/// The executor's view of an authenticated principal.
+fn caller_of(principal: &Principal) -> Caller {
+    Caller {
+        tenant: principal.tenant.clone(),
+        actor: principal.name.clone(),
+        role: principal.role.as_str().to_string(),
+    }
+}
+
 fn operator(principal: &Principal) -> Result<(), ApiError> {
     match principal.role {
         Role::Operator => Ok(()),
@@ -242,7 +252,7 @@ fn summary(record: &Record) -> OperationSummary {
         } => Some(job_id.clone()),
         RecordState::Unknown(evidence) => evidence.job_id.clone(),
         RecordState::Pending { .. }
-        | RecordState::AwaitingApproval
+        | RecordState::AwaitingApproval { .. }
         | RecordState::Applied(_)
         | RecordState::FailedPermanent(_)
         | RecordState::Tombstone(_) => None,
@@ -283,7 +293,7 @@ fn event_view(e: Event) -> EventView {
     tag = TAG,
     params(
         ("tool" = String, Path, description = "The tool's contract name, e.g. `tickets.create`.", example = "tickets.create"),
-        ("Idempotency-Key" = Option<String>, Header, description = "A structured-field string `\"<workflow_id>:<step_id>\"`, instead of the body's fields; a value without `:` names workflow_id = value, step_id = `-`."),
+        ("Idempotency-Key" = Option<String>, Header, description = "A structured-field string `\"<workflow_id>:<step_id>\"` (or the same unquoted: visible ASCII, no spaces or commas), instead of the body's fields; a value without `:`, such as a UUID, names workflow_id = value, step_id = `-`."),
         ("Prefer" = Option<String>, Header, description = "`wait=N`: wait up to N seconds for an in-flight operation to settle."),
     ),
     request_body(content = InvokeRequest, content_type = "application/json"),
@@ -347,36 +357,30 @@ pub async fn invoke(
         (None, None) => None,
     };
     let operation = Operation {
-        caller: Caller {
-            tenant: principal.tenant.clone(),
-            actor: principal.name.clone(),
-            role: principal.role.as_str().to_string(),
-        },
+        caller: caller_of(&principal),
         environment: state.inner().environment.clone(),
         workflow_id: step.as_ref().map(|s| s.workflow_id.clone()),
         step_id: step.map(|s| s.step_id),
     };
     let executor = state.executor();
+    // Detached: a client that disconnects only stops waiting; the claimed execution runs to a
+    // settled state on its own task.
+    let (contract, downstream, arguments) = (tool.contract, tool.downstream, Arc::new(arguments));
     let outcome = match headers::prefer_wait(&headers, limits.max_wait_seconds) {
         Some(seconds) if seconds > 0 => {
             executor
                 .execute_waiting(
-                    &tool.contract,
-                    &operation,
-                    &arguments,
-                    tool.downstream.as_ref(),
+                    contract,
+                    operation,
+                    arguments,
+                    downstream,
                     Duration::from_secs(seconds),
                 )
                 .await
         }
         _ => {
             executor
-                .execute(
-                    &tool.contract,
-                    &operation,
-                    &arguments,
-                    tool.downstream.as_ref(),
-                )
+                .execute_detached(contract, operation, arguments, downstream)
                 .await
         }
     };
@@ -434,15 +438,18 @@ pub async fn get_operation(
     let (key, record) = own_record(&state, &principal, &key).await?;
     let tool = state.tools().get(&record.tool);
     let executor = state.executor();
+    // A stored result is handed out like a replay: the reader is rechecked first.
     let (record, outcome) = match executor
         .status(
             tool.map(|t| t.contract.as_ref()),
             &key,
             tool.map(|t| t.downstream.as_ref()),
+            &caller_of(&principal),
         )
         .await
     {
-        Ok(Some(found)) => found,
+        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
+        Ok(Some(StatusRead::Denied(outcome))) => return Err(ApiError::refused(&outcome)),
         Ok(None) => return Err(ApiError::not_found()),
         Err(e) => return Err(ApiError::store(&e)),
     };
@@ -457,7 +464,7 @@ pub async fn get_operation(
             result: r.result.clone(),
         }),
         RecordState::Pending { .. }
-        | RecordState::AwaitingApproval
+        | RecordState::AwaitingApproval { .. }
         | RecordState::FailedPermanent(_)
         | RecordState::Unknown(_)
         | RecordState::Tombstone(_) => None,
@@ -505,6 +512,7 @@ pub async fn list_operations(
     }
     let filter = Filter {
         tenant: Some(principal.tenant.clone()),
+        environment: Some(state.environment().to_string()),
         status,
         tool: query.tool,
         after: query.after,
@@ -626,14 +634,15 @@ pub async fn approve(
     };
     let (key, record) = own_record(&state, &principal, &key).await?;
     let tool = loaded_tool(&state, &record)?;
+    // Detached like an invocation: the approved effect does not depend on this connection.
     state
         .executor()
-        .approve(
-            &tool.contract,
-            &key,
-            &principal.name,
-            expected.as_ref(),
-            tool.downstream.as_ref(),
+        .approve_detached(
+            tool.contract.clone(),
+            key,
+            principal.name.clone(),
+            expected,
+            tool.downstream.clone(),
         )
         .await
         .map(Answer)
@@ -669,10 +678,11 @@ pub async fn deny(
     let request = optional_body::<DenyRequest>(&state, &bytes)?.unwrap_or_default();
     let reason = request.reason.unwrap_or_else(|| "no reason given".into());
     let reason: String = reason.chars().take(500).collect();
-    let (key, _record) = own_record(&state, &principal, &key).await?;
+    let (key, record) = own_record(&state, &principal, &key).await?;
+    let tool = loaded_tool(&state, &record)?;
     state
         .executor()
-        .deny(&key, &principal.name, &reason)
+        .deny(&tool.contract, &key, &principal.name, &reason)
         .await
         .map(Answer)
         .map_err(ApiError::action)
@@ -709,7 +719,8 @@ pub async fn healthz(State(state): State<AppState>) -> Result<axum::Json<Health>
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    crate::metrics::refresh_unknown_queue(state.executor().store().as_ref()).await;
+    crate::metrics::refresh_unknown_queue(state.executor().store().as_ref(), state.environment())
+        .await;
     let text = crate::metrics::handle()
         .map(|h| h.render())
         .unwrap_or_default();

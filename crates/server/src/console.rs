@@ -48,6 +48,7 @@ pub async fn page(State(state): State<AppState>, headers: HeaderMap) -> Result<R
         .store()
         .list(Filter {
             tenant: Some(principal.tenant.clone()),
+            environment: Some(state.environment().to_string()),
             status: Some(RecordStatus::Unknown),
             tool: None,
             after: None,

@@ -17,7 +17,7 @@ use idemgate_core::contract::Contract;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
-use idemgate_engine::{Caller, Operation};
+use idemgate_engine::{Caller, Operation, StatusRead};
 use idemgate_mcp::Gateway as McpGateway;
 use idemgate_mcp::cli::McpArgs;
 use idemgate_mcp::fake::FakeDownstreams;
@@ -71,12 +71,14 @@ impl McpGateway for AppState {
                 workflow_id,
                 step_id,
             };
+            // Detached: a host that cancels the call (or closes the stream) stops waiting; the
+            // claimed execution runs to a settled state on its own task.
             self.executor()
-                .execute(
-                    &tool.contract,
-                    &operation,
-                    &arguments,
-                    tool.downstream.as_ref(),
+                .execute_detached(
+                    tool.contract.clone(),
+                    operation,
+                    Arc::new(arguments),
+                    tool.downstream.clone(),
                 )
                 .await
         })
@@ -108,16 +110,21 @@ impl McpGateway for AppState {
             };
             // With the record's tool, reading the status polls an accepted job.
             let tool = AppState::tools(self).get(&record.tool);
+            // The stored result is handed out like a replay: the caller is rechecked first.
             match self
                 .executor()
                 .status(
                     tool.map(|t| t.contract.as_ref()),
                     key,
                     tool.map(|t| t.downstream.as_ref()),
+                    caller,
                 )
                 .await
             {
-                Ok(found) => found.map(|(_, outcome)| outcome),
+                Ok(Some(StatusRead::Found { outcome, .. } | StatusRead::Denied(outcome))) => {
+                    Some(outcome)
+                }
+                Ok(None) => None,
                 Err(e) => store_down(&e),
             }
         })

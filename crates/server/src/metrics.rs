@@ -88,9 +88,10 @@ impl Observer for OutcomeCounter {
 }
 
 /// Sets the reconciliation-queue gauge from the store (called when `/metrics` is scraped).
-pub async fn refresh_unknown_queue(store: &dyn Store) {
+pub async fn refresh_unknown_queue(store: &dyn Store, environment: &str) {
     let filter = Filter {
         tenant: None,
+        environment: Some(environment.to_string()),
         status: Some(RecordStatus::Unknown),
         tool: None,
         after: None,

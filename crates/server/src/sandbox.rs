@@ -103,14 +103,10 @@ impl Downstream for Sandbox {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         let workflow = request.key.workflow_id();
         let outcome = if workflow.starts_with("sandbox-timeout") {
-            EffectOutcome::Ambiguous {
-                reason: "timed out waiting for the sandbox".into(),
-            }
+            EffectOutcome::ambiguous("timed out waiting for the sandbox")
         } else if workflow.starts_with("sandbox-drop") {
             self.commit(request.key);
-            EffectOutcome::Ambiguous {
-                reason: "connection reset after the request was sent".into(),
-            }
+            EffectOutcome::ambiguous("connection reset after the request was sent")
         } else if workflow.starts_with("sandbox-refuse") {
             EffectOutcome::Refused(Refusal {
                 code: ErrorCode::DownstreamRejected,
@@ -146,13 +142,12 @@ impl Downstream for Sandbox {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.jobs.get(job_id) == Some(key)
         };
+        // A job the sandbox does not know was lost with a restart (its tables live in memory)
+        // or belongs to another key: gone, not failed, since nothing proves it never ran.
         let answer = if known {
             JobStatus::Done(self.commit(key))
         } else {
-            JobStatus::Failed(Refusal {
-                code: ErrorCode::DownstreamRejected,
-                message: format!("the sandbox has no job {job_id}"),
-            })
+            JobStatus::Gone(format!("the sandbox has no job {job_id} for this key"))
         };
         Box::pin(std::future::ready(answer))
     }

@@ -132,6 +132,10 @@ impl AppState {
 
     /// The background recoverer over this gateway's executor and tools.
     pub fn recoverer(&self) -> Recoverer {
-        Recoverer::new(self.inner.executor.clone(), self.inner.tools.clone())
+        Recoverer::new(
+            self.inner.executor.clone(),
+            self.inner.tools.clone(),
+            self.inner.environment.clone(),
+        )
     }
 }

@@ -142,7 +142,7 @@ pub fn rejection_status(code: ErrorCode) -> StatusCode {
         ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
         ErrorCode::Forbidden | ErrorCode::ApprovalDenied => StatusCode::FORBIDDEN,
         ErrorCode::UnknownTool | ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::ExpiredOperation => StatusCode::GONE,
+        ErrorCode::ExpiredOperation | ErrorCode::ApprovalExpired => StatusCode::GONE,
         ErrorCode::IdempotencyKeyReusedWithDifferentRequest
         | ErrorCode::PossibleDuplicateIntent
         | ErrorCode::DownstreamRejected
@@ -307,6 +307,16 @@ impl ApiError {
         let mut error = ApiError::new(ErrorCode::Unauthorized, message);
         error.0.challenge = true;
         error
+    }
+
+    /// A rejection the executor answered (an authorization recheck refusing a read), as a
+    /// problem with the outcome's fields.
+    pub fn refused(outcome: &Outcome) -> ApiError {
+        ApiError(Box::new(Refusal {
+            outcome: outcome.clone(),
+            status: None,
+            challenge: false,
+        }))
     }
 
     pub fn not_found() -> ApiError {

@@ -391,3 +391,55 @@ async fn shutdown_drains_requests_in_flight_and_stops_accepting() {
     );
     tickets.shutdown().await;
 }
+
+/// A URL placeholder whose value would move the path (`..`, `.`, empty) is invalid arguments,
+/// refused before any record is written or any request sent; an ordinary value goes where the
+/// template says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_that_would_move_the_path_is_refused_before_any_record() {
+    let fake = FakeServer::start().await;
+    let text = format!(
+        r#"
+name: tickets.create
+version: "1"
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    account: {{type: string}}
+    subject: {{type: string, minLength: 1}}
+  required: [account, subject]
+  additionalProperties: false
+request_fingerprint:
+  fields: [account, subject]
+downstream:
+  deduplicates_by_key: true
+  http:
+    url: http://{addr}/accounts/{{account}}/tickets
+    reference: /ticket_id
+retention:
+  record_ttl: 1h
+  tombstone_ttl: 1d
+  max_retry_window: 1h
+"#,
+        addr = fake.addr()
+    );
+    let contract = Contract::load(&text, "tickets.create.yaml").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(&dir.path().join("gate.sqlite"));
+    let gate = Gate::start(state(store.clone(), vec![contract])).await;
+    for (i, account) in ["..", ".", ""].into_iter().enumerate() {
+        let body = json!({"workflow_id": format!("run_{i}"), "step_id": "s",
+                          "arguments": {"account": account, "subject": "Refund"}});
+        let r = http(gate.addr, invoke("tickets.create", AGENT, body)).await;
+        r.assert_problem(400, "invalid_arguments");
+        assert!(r.text.contains("account"), "names the argument: {}", r.text);
+        let key = idemgate_core::key::OperationKey::new("acme", ENV, &format!("run_{i}"), "s")
+            .unwrap();
+        assert!(store.get(&key).await.unwrap().is_none(), "no record for {account:?}");
+    }
+    assert!(fake.requests().is_empty(), "nothing was sent: {:?}", fake.requests());
+    assert_eq!(fake.downstream().effects(), 0);
+    gate.stop().await;
+    fake.shutdown().await;
+}

@@ -14,6 +14,7 @@ use idemgate_conformance::mem::MemStore;
 use idemgate_core::clock::ManualClock;
 use idemgate_core::effect::Authorization;
 use idemgate_core::key::OperationKey;
+use idemgate_core::store::Store;
 use idemgate_server::Gateway;
 use serde_json::{Value, json};
 
@@ -679,4 +680,126 @@ async fn health_metrics_and_the_generated_openapi_document() {
         );
     }
     assert!(doc.json["components"]["schemas"].get("Problem").is_some());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The paths between the scenarios.
+
+/// `GET /v1/operations/{key}` hands out a stored result like a replay: a revoked reader is
+/// refused, with nothing of the record in the answer.
+#[tokio::test]
+async fn a_revoked_reader_cannot_read_the_stored_result() {
+    let e = env();
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_r", "s", "a")),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let reference = r.json["effect_reference"].as_str().unwrap().to_string();
+    e.fakes
+        .hook
+        .set(Authorization::Denied("account closed".into()));
+    let read = route(&e.app, Call::get("/v1/operations/acme:test:run_r:s", AGENT)).await;
+    assert_eq!(read.status, 403, "{}", read.text);
+    assert_eq!(read.code(), "forbidden");
+    assert_eq!(read.json["safe_to_repeat"], false, "the effect happened");
+    assert!(!read.text.contains(&reference), "{}", read.text);
+    assert!(read.json.get("receipt").is_none() && read.json["result"].is_null());
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 1);
+}
+
+/// The handler's future is dropped when the client goes away (hyper drops it with the
+/// connection): the claimed execution runs on regardless, to a settled record, with no
+/// recovery or retry needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_does_not_stop_the_effect() {
+    let e = env();
+    let tickets = e.fakes.fake("tickets.create").clone();
+    tickets.before_commit().arm_nth(1);
+    let app = e.app.clone();
+    let client = tokio::spawn(async move {
+        route(
+            &app,
+            invoke("tickets.create", AGENT, ticket("run_gone", "s", "a")),
+        )
+        .await
+    });
+    // The request reached the downstream; the client disconnects before any answer.
+    tickets.before_commit().reached().await;
+    client.abort();
+    let _ = client.await;
+    tickets.before_commit().release();
+    let key = key("run_gone", "s");
+    let mut settled = None;
+    for _ in 0..200 {
+        let record = e.store.get(&key).await.unwrap().unwrap();
+        if record.status() != idemgate_core::record::RecordStatus::Pending {
+            settled = Some(record);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let record = settled.expect("the execution settled after the client left");
+    assert_eq!(record.status(), idemgate_core::record::RecordStatus::Applied);
+    assert_eq!(tickets.effects(), 1);
+    let replay = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_gone", "s", "a")),
+    )
+    .await;
+    assert_eq!(replay.outcome(), "replayed", "{}", replay.text);
+    assert_eq!(tickets.effects(), 1);
+}
+
+/// An effect run by an operator's approval is counted in `idemgate_outcomes_total` like any
+/// delivery's.
+#[tokio::test]
+async fn an_approved_effect_is_counted_in_the_outcome_metrics() {
+    let e = env();
+    let applied = |text: &str| -> u64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("idemgate_outcomes_total")
+                    && l.contains("tool=\"tickets.create\"")
+                    && l.contains("status=\"applied\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = applied(&route(&e.app, Call::get("/metrics", OPERATOR)).await.text);
+    let legal = json!({"workflow_id": "run_m", "step_id": "s", "arguments": {"queue_id": "legal", "subject": "a", "body": "x"}});
+    route(&e.app, invoke("tickets.create", AGENT, legal)).await;
+    let approved = route(
+        &e.app,
+        Call::post("/v1/operations/acme:test:run_m:s/approve", OPERATOR, ""),
+    )
+    .await;
+    assert_eq!(approved.status, 200, "{}", approved.text);
+    let after = applied(&route(&e.app, Call::get("/metrics", OPERATOR)).await.text);
+    assert!(after > before, "the approved effect is counted: {before} -> {after}");
+}
+
+/// A listing is scoped by the gateway's environment as well as the tenant.
+#[tokio::test]
+async fn listings_are_scoped_by_environment() {
+    let e = env();
+    let r = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_l", "s", "a")),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // Another environment's record in the same store and tenant.
+    let mut other = e.store.get(&key("run_l", "s")).await.unwrap().unwrap();
+    other.key = OperationKey::new("acme", "staging", "run_l", "s").unwrap();
+    e.store.claim(other, vec![]).await.unwrap();
+    let list = route(&e.app, Call::get("/v1/operations?status=applied", OPERATOR)).await;
+    let keys: Vec<&str> = list.json["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["operation_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["acme:test:run_l:s"], "{}", list.text);
 }

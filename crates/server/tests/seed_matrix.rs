@@ -585,7 +585,7 @@ async fn late_arrival_tombstone_replays_the_reference_only() {
     .await;
     check(&late);
 
-    let swept = app.executor().sweep(100).await.unwrap();
+    let swept = app.executor().sweep(ENV, 100).await.unwrap();
     let view = http(
         gate.addr,
         Call::get("/v1/operations/acme:test:run_1:s", AGENT),
@@ -638,7 +638,7 @@ async fn late_arrival_reconcile_answers_unknown() {
     .await;
     check(&late);
 
-    app.executor().sweep(100).await.unwrap();
+    app.executor().sweep(ENV, 100).await.unwrap();
     let view = http(
         gate.addr,
         Call::get("/v1/operations/acme:test:run_1:s", AGENT),

@@ -62,7 +62,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
 use crate::conn::{self, Kind};
-use crate::{EventColumns, PgStore, record_of, request_columns, sql};
+use crate::{EventColumns, PgStore, expiry_columns, record_of, request_columns, sql};
 
 /// What a queued caller is told.
 pub(crate) enum Reply<T> {
@@ -158,6 +158,12 @@ impl Batcher {
             statements: Default::default(),
             rows: Default::default(),
         }
+    }
+
+    /// The pool the batch statements run on.
+    #[cfg(feature = "testing")]
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// The transition batch statement for `rows` rows, rounded up to a power of two so that
@@ -464,8 +470,10 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         .map(|t| t.fingerprint.as_ref().map(|f| f.as_str()))
         .collect();
     let now: Vec<i64> = ts.iter().map(|t| t.now).collect();
+    let (expires_at, purge_at): (Vec<Option<i64>>, Vec<Option<i64>>) =
+        ts.iter().map(|t| expiry_columns(t.expiry)).unzip();
     let ev = BatchEvents::of(ts.iter().map(|t| t.events.as_slice()));
-    let params: [&(dyn ToSql + Sync); 26] = [
+    let params: [&(dyn ToSql + Sync); 28] = [
         &tenant,
         &key,
         &expect_fence,
@@ -492,6 +500,8 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         &ev.columns.attempt,
         &ev.columns.worker,
         &ev.columns.detail,
+        &expires_at,
+        &purge_at,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {

@@ -19,6 +19,11 @@
 //!    restart), the connection broke, or the client-side deadline passed after the write was
 //!    sent**: the implicit commit may have completed just before the end, and no answer says
 //!    which. [`store::Error::Ambiguous`] — the caller reads the record again.
+//! 5. **Inside the one explicit transaction** (the claim under a duplicate-intent window), no
+//!    statement before `COMMIT` can make anything durable, so their failures are
+//!    `Unavailable` whatever they do (they run as [`Kind::Read`]), and the transaction is
+//!    rolled back — or the connection dropped, which rolls it back on the server. `COMMIT`
+//!    itself is the write, classified by rules 3 and 4.
 //!
 //! A connection whose deadline passed is detached from the pool and dropped, so a hung
 //! connection is never handed to the next caller.
@@ -194,6 +199,31 @@ impl Conn {
     ) -> Result<Vec<Row>, store::Error> {
         self.exchange(kind, |object| Box::pin(object.query_typed(sql, params)))
             .await
+    }
+
+    /// Sends `sql` (transaction control: `BEGIN`, `COMMIT`, `ROLLBACK`) with the simple query
+    /// protocol, under the statement deadline, its failure classified by `kind` like any
+    /// statement's.
+    pub(crate) async fn control(
+        &mut self,
+        kind: Kind,
+        sql: &'static str,
+    ) -> Result<(), store::Error> {
+        self.exchange(kind, |object| {
+            Box::pin(async move { object.batch_execute(sql).await.map(|()| Vec::new()) })
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Ends an explicit transaction that will not commit. The connection goes back to the pool
+    /// only when the rollback was answered: a connection left inside a transaction (or an
+    /// aborted one) would hand its next user a session that holds locks and refuses every
+    /// statement, and the pool's fast recycling would not notice.
+    pub(crate) async fn roll_back(&mut self) {
+        if self.broken || self.control(Kind::Read, "ROLLBACK").await.is_err() {
+            self.broken = true;
+        }
     }
 
     /// The underlying client, for the migration's explicit transaction.

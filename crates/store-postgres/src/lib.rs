@@ -8,6 +8,9 @@
 //! - `sql` — the text of every statement and why each is safe at READ COMMITTED: a claim is one
 //!   `INSERT … ON CONFLICT DO NOTHING` that also reads the existing row, a transition is one
 //!   fenced conditional `UPDATE`, and the events of either are appended by the same statement.
+//!   The one explicit transaction is the claim under a duplicate-intent window
+//!   ([`Store::claim_unless_duplicate`]): an advisory lock on the request, the check, then the
+//!   claim.
 //! - `batch` — concurrent claims, and concurrent transitions, carried by multi-row statements
 //!   (on by default, [`Options::batching`]): each caller answered after the commit of the
 //!   statement that held its row, a lone caller sent at once, and every guarantee of the
@@ -22,8 +25,8 @@
 //! prepared once per connection and run on PostgreSQL's cached generic plan, which the schema
 //! and the statements make a lookup by key whatever the table's statistics — even when it is
 //! cached while the table is empty (see `PgStore::connect` and migration 0002). Statements
-//! whose best plan depends on their values (listing, the recoverer's scan, the sweep, the
-//! duplicate-intent lookup, the trace) are planned for their values on every call.
+//! whose best plan depends on their values (listing, the due scan, the sweep, the
+//! duplicate-intent check, the trace) are planned for their values on every call.
 //!
 //! **Time comes from the caller.** Lease expiries, sweeps and recovery compare the `now` the
 //! executor passes (read from its injected clock) with stored times; the database clock is never
@@ -42,11 +45,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
 use idemgate_core::store::{
-    self, BoxFuture, Cas, Claimed, Filter, RequestUpdate, Store, SweepReport, Transition,
+    self, BoxFuture, Cas, Claimed, Due, Expiry, Filter, RequestUpdate, Store, SweepReport,
+    Transition,
 };
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
@@ -142,9 +145,14 @@ impl PgStore {
         // deadline covers a statement in flight, these cover idle pooled connections.
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
-        // The settings travel in the startup packet, so they cost no round trip. The isolation
-        // level is pinned because every statement's correctness argument (see `sql`) is made
-        // for READ COMMITTED, whatever default the server was configured with.
+        // The settings travel in the startup packet, so they cost no round trip, and override
+        // what the server, the database or the role were configured with. The isolation level
+        // is pinned because every statement's correctness argument (see `sql`) is made for READ
+        // COMMITTED. `synchronous_commit` is pinned on because a caller is told a claim or a
+        // transition happened once it committed, and then acts on it (sends the effect): with
+        // `off`, a common tuning for throughput, a commit is acknowledged before its WAL is
+        // flushed, and a crash of the database server can lose it — a claim gone after its
+        // effect ran is a second effect waiting for the next delivery.
         //
         // No sequential scans: the hot statements (read, claim, transition) keep the generic
         // plan PostgreSQL caches per connection, and a generic plan made while `operations` is
@@ -161,7 +169,8 @@ impl PgStore {
             startup.push(' ');
         }
         startup.push_str(&format!(
-            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed",
+            "-c statement_timeout={} -c default_transaction_isolation=read\\ committed \
+             -c synchronous_commit=on",
             options.statement_timeout.as_millis()
         ));
         for (name, value) in PLANNER_SETTINGS {
@@ -284,67 +293,7 @@ impl PgStore {
         let row = Row::from_record(&record);
         let ev = EventColumns::of(&events);
         let mut conn = self.conn().await?;
-        // Two rounds are enough for the READ COMMITTED gap (see `sql`); a third guards against
-        // a purge racing the re-read, after which the key is free and the claim inserts.
-        for _ in 0..3 {
-            let rows = conn
-                .run(
-                    Kind::Write,
-                    sql::CLAIM,
-                    &[
-                        &row.tenant,
-                        &row.key,
-                        &row.tool,
-                        &row.tool_version,
-                        &row.fingerprint,
-                        &row.canonicalization,
-                        &row.status,
-                        &row.fence,
-                        &row.lease_owner,
-                        &row.lease_expires_at,
-                        &row.dispatch,
-                        &row.job_id,
-                        &row.effect_reference,
-                        &row.result,
-                        &row.error_code,
-                        &row.error_message,
-                        &row.actor,
-                        &row.request,
-                        &row.approved_by,
-                        &row.created_at,
-                        &row.updated_at,
-                        &row.expires_at,
-                        &row.purge_at,
-                        &ev.kind,
-                        &ev.at,
-                        &ev.attempt,
-                        &ev.worker,
-                        &ev.detail,
-                        &row.intent_window,
-                    ],
-                )
-                .await?;
-            // Prefer the inserted row: both can appear only if the old row was purged after
-            // this statement's snapshot was taken, and then the insert is what happened.
-            let inserted = rows
-                .iter()
-                .find(|r| r.try_get::<_, bool>(0).unwrap_or(false));
-            if let Some(r) = inserted {
-                return Ok(Claimed::Inserted(record_of(r, 1)?));
-            }
-            if let Some(r) = rows.first() {
-                return Ok(Claimed::Existing(record_of(r, 1)?));
-            }
-            // Neither inserted nor found: a concurrent claim committed the row after this
-            // statement's snapshot. A new statement has a new snapshot and sees it.
-            if let Some(existing) = get_with(&mut conn, &record.key).await? {
-                return Ok(Claimed::Existing(existing));
-            }
-        }
-        Err(store::Error::Unavailable(format!(
-            "claim of {} kept racing with concurrent deletes",
-            record.key
-        )))
+        claim_with(&mut conn, Kind::Write, &record, &row, &ev).await
     }
 
     async fn apply(&self, t: Transition) -> Result<Cas, store::Error> {
@@ -384,6 +333,7 @@ impl PgStore {
         let ev = EventColumns::of(&t.events);
         let expect_fence = t.expect.fence as i64;
         let fence = t.fence as i64;
+        let (expires_at, purge_at) = expiry_columns(t.expiry);
         let mut conn = self.conn().await?;
         let rows = conn
             .run(
@@ -415,6 +365,8 @@ impl PgStore {
                     &ev.attempt,
                     &ev.worker,
                     &ev.detail,
+                    &expires_at,
+                    &purge_at,
                 ],
             )
             .await?;
@@ -485,13 +437,17 @@ impl PgStore {
         let status = filter.status.map(|s| s.as_str());
         let text = sql::list(
             filter.tenant.is_some(),
+            filter.environment.is_some(),
             status.is_some(),
             filter.tool.is_some(),
             filter.after.is_some(),
         );
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::with_capacity(5);
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::with_capacity(6);
         if let Some(tenant) = &filter.tenant {
             params.push((tenant, Type::TEXT));
+        }
+        if let Some(environment) = &filter.environment {
+            params.push((environment, Type::TEXT));
         }
         if let Some(status) = &status {
             params.push((status, Type::TEXT));
@@ -510,54 +466,78 @@ impl PgStore {
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
-    async fn due(&self, now: Millis, limit: usize) -> Result<Vec<Record>, store::Error> {
-        if limit == 0 {
+    async fn due_records(&self, query: Due) -> Result<Vec<Record>, store::Error> {
+        if query.limit == 0 {
             return Ok(Vec::new());
         }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let cursor = query
+            .after
+            .as_ref()
+            .map(|c| (c.due_at, c.key.as_str().to_string()));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&query.environment, Type::TEXT),
+            (&query.now, Type::INT8),
+            (&limit, Type::INT8),
+        ];
+        let text = match &cursor {
+            None => sql::DUE,
+            Some((due_at, key)) => {
+                params.push((due_at, Type::INT8));
+                params.push((key, Type::TEXT));
+                sql::DUE_AFTER
+            }
+        };
         let mut conn = self.conn().await?;
-        let rows = conn
-            .run_planned(
-                Kind::Read,
-                sql::RECOVERABLE,
-                &[(&now, Type::INT8), (&limit, Type::INT8)],
-            )
-            .await?;
+        let rows = conn.run_planned(Kind::Read, text, &params).await?;
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
-    async fn fingerprint_match(
+    /// A claim under a duplicate-intent window: one explicit transaction that takes the
+    /// request's advisory lock, checks for the same request under another key, and only then
+    /// claims, with the claim's events. The lock makes the check and the insert one step for
+    /// every claim of the request, from any gateway: the second of two claims waits until the
+    /// first has committed, and its check, a statement of its own and so with a snapshot taken
+    /// after the wait, sees the first one's record. Never batched: a batch statement cannot
+    /// wait on one lock per row, and a claim with this window is rare.
+    async fn claim_guarded(
         &self,
-        tenant: &str,
-        tool: &str,
-        fingerprint: &Fingerprint,
+        record: Record,
+        events: Vec<Event>,
         since: Millis,
-    ) -> Result<Option<OperationKey>, store::Error> {
+    ) -> Result<Claimed, store::Error> {
+        let row = Row::from_record(&record);
+        let ev = EventColumns::of(&events);
         let mut conn = self.conn().await?;
-        let rows = conn
-            .run_planned(
-                Kind::Read,
-                sql::FIND_FINGERPRINT,
-                &[
-                    (&tenant, Type::TEXT),
-                    (&tool, Type::TEXT),
-                    (&fingerprint.as_str(), Type::TEXT),
-                    (&since, Type::INT8),
-                ],
-            )
-            .await?;
-        let Some(r) = rows.first() else {
-            return Ok(None);
-        };
-        let key: String = r
-            .try_get(0)
-            .map_err(|e| store::Error::Corrupt(format!("unreadable key: {e}")))?;
-        OperationKey::parse(&key)
-            .map(Some)
-            .map_err(|e| store::Error::Corrupt(format!("stored key `{key}` is malformed: {e}")))
+        // Until COMMIT is sent nothing can have been written, so every failure before it is
+        // `Unavailable` (statements classified as reads) and leaves the transaction to be
+        // rolled back, by us or by the server when the connection goes.
+        conn.control(Kind::Read, "BEGIN").await?;
+        match guarded(&mut conn, &record, &row, &ev, since).await {
+            Ok((claimed, true)) => {
+                // A failed commit may have landed (the connection broke while it was sent):
+                // the write's own classification.
+                conn.control(Kind::Write, "COMMIT").await?;
+                Ok(claimed)
+            }
+            Ok((claimed, false)) => {
+                // Nothing was written: the answer stands whatever the rollback does.
+                conn.roll_back().await;
+                Ok(claimed)
+            }
+            Err(e) => {
+                conn.roll_back().await;
+                Err(e)
+            }
+        }
     }
 
-    async fn sweep_once(&self, now: Millis, limit: usize) -> Result<SweepReport, store::Error> {
+    async fn sweep_once(
+        &self,
+        environment: &str,
+        now: Millis,
+        limit: usize,
+    ) -> Result<SweepReport, store::Error> {
         if limit == 0 {
             return Ok(SweepReport::default());
         }
@@ -573,6 +553,7 @@ impl PgStore {
                     (&now, Type::INT8),
                     (&limit, Type::INT8),
                     (&SWEEPER, Type::TEXT),
+                    (&environment, Type::TEXT),
                 ],
             )
             .await?;
@@ -587,6 +568,125 @@ impl PgStore {
             purged: count(1),
         })
     }
+}
+
+/// The statements of [`PgStore::claim_guarded`] inside its transaction: the answer, and whether
+/// the transaction wrote and must commit.
+async fn guarded(
+    conn: &mut Conn,
+    record: &Record,
+    row: &Row,
+    ev: &EventColumns,
+    since: Millis,
+) -> Result<(Claimed, bool), store::Error> {
+    let request = sql::duplicate_lock_request(&row.tenant, &row.tool, &row.fingerprint);
+    conn.run(Kind::Read, sql::DUPLICATE_LOCK, &[&request])
+        .await?;
+    let rows = conn
+        .run_planned(
+            Kind::Read,
+            sql::DUPLICATE,
+            &[
+                (&row.tenant, Type::TEXT),
+                (&row.tool, Type::TEXT),
+                (&row.fingerprint, Type::TEXT),
+                (&since, Type::INT8),
+                (&row.key, Type::TEXT),
+            ],
+        )
+        .await?;
+    if let Some(r) = rows.first() {
+        // The key's own record comes first: a delivery of an operation that exists is answered
+        // by its record, whatever else holds the same request.
+        if let Some(existing) = get_with(conn, &record.key).await? {
+            return Ok((Claimed::Existing(existing), false));
+        }
+        let other: String = r
+            .try_get(0)
+            .map_err(|e| store::Error::Corrupt(format!("unreadable key: {e}")))?;
+        let other = OperationKey::parse(&other).map_err(|e| {
+            store::Error::Corrupt(format!("stored key `{other}` is malformed: {e}"))
+        })?;
+        return Ok((Claimed::DuplicateIntent(other), false));
+    }
+    // No duplicate: the ordinary claim, inside the transaction, decided by the unique key. A
+    // plain claim of the same key, which takes no lock, may still race it.
+    let claimed = claim_with(conn, Kind::Read, record, row, ev).await?;
+    let wrote = matches!(claimed, Claimed::Inserted(_));
+    Ok((claimed, wrote))
+}
+
+/// Claim-or-load of `record` on a checked-out connection: its own implicit transaction
+/// (`kind` a write), or a statement of an explicit one that commits later (`kind` a read, for
+/// nothing commits before the COMMIT).
+async fn claim_with(
+    conn: &mut Conn,
+    kind: Kind,
+    record: &Record,
+    row: &Row,
+    ev: &EventColumns,
+) -> Result<Claimed, store::Error> {
+    // Two rounds are enough for the READ COMMITTED gap (see `sql`); a third guards against
+    // a purge racing the re-read, after which the key is free and the claim inserts.
+    for _ in 0..3 {
+        let rows = conn
+            .run(
+                kind,
+                sql::CLAIM,
+                &[
+                    &row.tenant,
+                    &row.key,
+                    &row.tool,
+                    &row.tool_version,
+                    &row.fingerprint,
+                    &row.canonicalization,
+                    &row.status,
+                    &row.fence,
+                    &row.lease_owner,
+                    &row.lease_expires_at,
+                    &row.dispatch,
+                    &row.job_id,
+                    &row.effect_reference,
+                    &row.result,
+                    &row.error_code,
+                    &row.error_message,
+                    &row.actor,
+                    &row.request,
+                    &row.approved_by,
+                    &row.created_at,
+                    &row.updated_at,
+                    &row.expires_at,
+                    &row.purge_at,
+                    &ev.kind,
+                    &ev.at,
+                    &ev.attempt,
+                    &ev.worker,
+                    &ev.detail,
+                    &row.intent_window,
+                ],
+            )
+            .await?;
+        // Prefer the inserted row: both can appear only if the old row was purged after
+        // this statement's snapshot was taken, and then the insert is what happened.
+        let inserted = rows
+            .iter()
+            .find(|r| r.try_get::<_, bool>(0).unwrap_or(false));
+        if let Some(r) = inserted {
+            return Ok(Claimed::Inserted(record_of(r, 1)?));
+        }
+        if let Some(r) = rows.first() {
+            return Ok(Claimed::Existing(record_of(r, 1)?));
+        }
+        // Neither inserted nor found: a concurrent claim committed the row after this
+        // statement's snapshot. A new statement has a new snapshot and sees it.
+        if let Some(existing) = get_with(conn, &record.key).await? {
+            return Ok(Claimed::Existing(existing));
+        }
+    }
+    Err(store::Error::Unavailable(format!(
+        "claim of {} kept racing with concurrent deletes",
+        record.key
+    )))
 }
 
 /// Reads one record on an already checked-out connection (a statement of its own, hence a
@@ -642,6 +742,18 @@ pub(crate) fn request_columns(update: &RequestUpdate) -> (bool, Option<String>) 
     }
 }
 
+/// A transition's expiry as the statements' two parameters, both NULL to keep the stored
+/// `expires_at` and `purge_at`.
+pub(crate) fn expiry_columns(expiry: Option<Expiry>) -> (Option<i64>, Option<i64>) {
+    match expiry {
+        Some(Expiry {
+            expires_at,
+            purge_at,
+        }) => (Some(expires_at), Some(purge_at)),
+        None => (None, None),
+    }
+}
+
 impl Store for PgStore {
     fn get<'a>(
         &'a self,
@@ -656,6 +768,15 @@ impl Store for PgStore {
         events: Vec<Event>,
     ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
         Box::pin(self.claim_record(record, events))
+    }
+
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
+        Box::pin(self.claim_guarded(record, events, since))
     }
 
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
@@ -681,25 +802,16 @@ impl Store for PgStore {
         Box::pin(self.list_records(filter))
     }
 
-    fn recoverable(
-        &self,
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.due_records(query))
+    }
+
+    fn sweep<'a>(
+        &'a self,
+        environment: &'a str,
         now: Millis,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
-        Box::pin(self.due(now, limit))
-    }
-
-    fn find_fingerprint<'a>(
-        &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, store::Error>> {
-        Box::pin(self.fingerprint_match(tenant, tool, fingerprint, since))
-    }
-
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, store::Error>> {
-        Box::pin(self.sweep_once(now, limit))
+    ) -> BoxFuture<'a, Result<SweepReport, store::Error>> {
+        Box::pin(self.sweep_once(environment, now, limit))
     }
 }

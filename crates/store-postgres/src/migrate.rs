@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_intent_window",
         include_str!("../migrations/0003_intent_window.sql"),
     ),
+    (
+        "0004_scans_by_environment",
+        include_str!("../migrations/0004_scans_by_environment.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

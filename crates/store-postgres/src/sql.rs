@@ -54,6 +54,13 @@
 //! - CockroachDB runs SERIALIZABLE and retries a conflicting single-statement transaction by
 //!   itself, so these statements carry over, at the price of retries under contention.
 //!
+//! The one exception to "one statement" is the claim under a duplicate-intent window, an
+//! explicit transaction of four statements ([`DUPLICATE_LOCK`], [`DUPLICATE`], [`CLAIM`],
+//! `COMMIT`): a check for another key's record cannot be made atomic with the insert by the
+//! unique key, so an advisory lock per request serialises the claims that could race, and the
+//! check runs as a statement of its own after the lock is granted, so that its snapshot holds
+//! the previous holder's commit.
+//!
 //! One subtlety of READ COMMITTED is handled in code, not SQL: the snapshot of a statement is
 //! taken when it starts, so in the claim statement the branch that reads the existing row may
 //! not see a row that a concurrent claim committed while this statement waited on the unique
@@ -122,7 +129,9 @@ pub(crate) const CLAIM: &str = concat!(
 /// `$1..$5` are the expectation (tenant, key, fence, status, lease expired by — NULL when the
 /// transition is no takeover); `$6..$15` the new state's columns; `$16` whether to replace the
 /// request and `$17` its new value; `$18` a new approver and `$19` a new fingerprint, each NULL
-/// to keep the stored one; `$20` the time; `$21..$25` the events.
+/// to keep the stored one; `$20` the time; `$21..$25` the events; `$26` and `$27` the new
+/// `expires_at` and `purge_at`, both NULL to keep the stored ones (a transition's expiry sets
+/// both or neither).
 pub(crate) const TRANSITION: &str = concat!(
     "WITH upd AS (
         UPDATE operations SET
@@ -132,6 +141,8 @@ pub(crate) const TRANSITION: &str = concat!(
             request = CASE WHEN $16::boolean THEN $17::text ELSE request END,
             approved_by = COALESCE($18::text, approved_by),
             fingerprint = COALESCE($19::text, fingerprint),
+            expires_at = COALESCE($26::bigint, expires_at),
+            purge_at = COALESCE($27::bigint, purge_at),
             updated_at = $20
         WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4
           AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
@@ -210,7 +221,8 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// Many fenced compare-and-sets in one statement (see `batch`), for `rows` transitions. The
 /// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
 /// key) with no key twice, then the events `$21..$26` (position of their transition from 1,
-/// kind, at, attempt, worker, detail). Returns the position of each transition that applied,
+/// kind, at, attempt, worker, detail), then each transition's new `expires_at` and `purge_at`,
+/// `$27` and `$28` (NULL to keep the stored ones). Returns the position of each transition that applied,
 /// then its row. Positions past the arrays' length read NULL and match no row, so a batch may
 /// be sent with a statement for more rows than it has (the batcher rounds up to a power of
 /// two, so that a connection prepares a handful of these, not one per size).
@@ -236,6 +248,8 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             request = CASE WHEN {replace} THEN {request} ELSE request END,
             approved_by = COALESCE({approver}, approved_by),
             fingerprint = COALESCE({fingerprint}, fingerprint),
+            expires_at = COALESCE({expires_at}, expires_at),
+            purge_at = COALESCE({purge_at}, purge_at),
             updated_at = {now}
         WHERE tenant = {tenant} AND key = {key} AND fence = {expect_fence}
           AND status = {expect_status}
@@ -262,6 +276,8 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             approver = at(18, "text"),
             fingerprint = at(19, "text"),
             now = at(20, "bigint"),
+            expires_at = at(27, "bigint"),
+            purge_at = at(28, "bigint"),
             columns = columns!(),
         ));
     }
@@ -300,63 +316,85 @@ pub(crate) const EVENTS: &str = "
     SELECT kind, at, attempt, worker, detail FROM events
     WHERE tenant = $1 AND key = $2 ORDER BY id";
 
-/// Pending records due for the recoverer, oldest update first.
+/// The due scan's statement: the pending and awaiting-approval records of environment `$1`
+/// whose deadline (`lease_expires_at`) is at or before `$2`, in (deadline, key) order, at most
+/// `$3`; with `after`, only those strictly after the cursor (`$4`, `$5`) in that order.
 ///
-/// Two branches, each cut to the limit before the union: expired leases, found by a range
-/// scan of the partial index `operations_recoverable`; and jobs to poll or released claims,
-/// due whatever their lease says, found by filtering the same index's pending rows (few, since
-/// only operations in flight are pending). A single `OR` would defeat the range scan.
-pub(crate) const RECOVERABLE: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM (
-        (SELECT ",
-    columns!(),
-    " FROM operations
-         WHERE status = 'pending' AND lease_expires_at <= $1
-         ORDER BY updated_at, key LIMIT $2)
-        UNION
-        (SELECT ",
-    columns!(),
-    " FROM operations
-         WHERE status = 'pending' AND (dispatch = 'job' OR lease_owner IS NULL)
-         ORDER BY updated_at, key LIMIT $2)
-    ) AS due
-    ORDER BY updated_at, key
-    LIMIT $2"
-);
+/// Both read one range of the partial index `operations_due` in the answer's order, the
+/// environment as its first column (the index's expression, repeated exactly), and stop at the
+/// limit. The cursor is a row comparison, which PostgreSQL turns into the lower bound of that
+/// range, where `a > x OR (a = x AND b > y)` would only filter. Planned for its values on every
+/// call, like every scan whose best plan depends on them.
+macro_rules! due {
+    ($after:literal) => {
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM operations
+    WHERE status IN ('pending', 'awaiting_approval') AND split_part(key, ':', 2) = $1
+      AND lease_expires_at <= $2",
+            $after,
+            "
+    ORDER BY lease_expires_at, key
+    LIMIT $3"
+        )
+    };
+}
 
-/// The duplicate-intent window: the earliest record of this tool and fingerprint created at or
-/// after `$4`, among those claimed with the window (the only ones `operations_fingerprint`
-/// holds, migration 0003).
-pub(crate) const FIND_FINGERPRINT: &str = "
+/// The first page of a due scan.
+pub(crate) const DUE: &str = due!("");
+/// A later page, after the cursor.
+pub(crate) const DUE_AFTER: &str = due!("\n      AND (lease_expires_at, key) > ($4, $5)");
+
+/// The lock a claim under a duplicate-intent window holds until its transaction ends: one per
+/// (tenant, tool, fingerprint), `$1` those three joined. Two claims of one request under two
+/// keys therefore take turns, so the second one's check sees the first one's insert. The hash
+/// is PostgreSQL's own (`hashtextextended`, the hash of hash partitioning, stable across
+/// versions), so every gateway process derives the same lock whatever build it runs. Two
+/// requests whose hashes collide merely wait for each other.
+pub(crate) const DUPLICATE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+/// The text [`DUPLICATE_LOCK`] hashes for a request: tenant, tool and fingerprint, one per line
+/// (a tenant has no newline, nor has a fingerprint).
+pub(crate) fn duplicate_lock_request(tenant: &str, tool: &str, fingerprint: &str) -> String {
+    format!("{tenant}\n{tool}\n{fingerprint}")
+}
+
+/// The duplicate-intent check: the earliest record (then the smallest key) of tenant `$1`,
+/// tool `$2` and fingerprint `$3`, created at or after `$4`, claimed with the window (the only
+/// records `operations_fingerprint` holds, migration 0003), under another key than `$5`.
+pub(crate) const DUPLICATE: &str = "
     SELECT key FROM operations
     WHERE tenant = $1 AND tool = $2 AND fingerprint = $3 AND created_at >= $4 AND intent_window
+      AND key <> $5
     ORDER BY created_at, key
     LIMIT 1";
 
-/// One retention sweep, as one statement, so that it commits whole or not at all and its
-/// failure classifies exactly like any other write's. `$1` is now, `$2` the limit per kind,
-/// `$3` the worker named in the `expired` events.
+/// One retention sweep of one environment, as one statement, so that it commits whole or not
+/// at all and its failure classifies exactly like any other write's. `$1` is now, `$2` the
+/// limit per kind, `$3` the worker named in the `expired` events, `$4` the environment.
 ///
 /// - Purge: at most `$2` tombstones past `purge_at` are deleted, with their events.
-/// - Compact: at most `$2` terminal records (`applied`, `failed_permanent`,
-///   `awaiting_approval`) past `expires_at` become tombstones, each with an `expired` event.
-///   The columns cleared are those `Row::set_state` clears for a tombstone: the reference and
-///   the refusal code are kept; the result, the request and the rest are dropped.
+/// - Compact: at most `$2` settled records (`applied`, `failed_permanent`) past `expires_at`
+///   become tombstones, each with an `expired` event. The columns cleared are those
+///   `Row::set_state` clears for a tombstone: the reference (of an applied record) or the
+///   refusal code (of a refused one) is kept, which is the digest of what it settled as; the
+///   result, the request and the rest are dropped.
 ///
-/// Every part reads the statement's one snapshot, so a record compacted by this sweep is not
-/// yet a tombstone to the purge: it keeps its tombstone until the next sweep even when its
-/// purge time has passed too, and the late-arrival policy sees every tombstone at least once.
-/// `FOR UPDATE SKIP LOCKED` bounds the work, lets several sweepers run at once without waiting
-/// on each other, and leaves alone any row a transition is writing right now; the UPDATE and
-/// DELETE repeat their conditions so that they hold on the row version they write. Pending and
-/// unknown records match neither condition and are never swept.
+/// Each step reads its partial index (migration 0004) from the environment's first due row in
+/// (time, key) order and stops at the limit. Every part reads the statement's one snapshot, so
+/// a record compacted by this sweep is not yet a tombstone to the purge: it keeps its tombstone
+/// until the next sweep even when its purge time has passed too, and the late-arrival policy
+/// sees every tombstone at least once. `FOR UPDATE SKIP LOCKED` bounds the work, lets several
+/// sweepers run at once without waiting on each other, and leaves alone any row a transition
+/// is writing right now; the UPDATE and DELETE repeat their conditions so that they hold on
+/// the row version they write. Records that have not settled (pending, awaiting approval,
+/// unknown) match neither condition and are never swept.
 pub(crate) const SWEEP: &str = "
     WITH purge_due AS (
         SELECT tenant, key FROM operations
-        WHERE status = 'tombstone' AND purge_at <= $1
-        ORDER BY purge_at
+        WHERE status = 'tombstone' AND split_part(key, ':', 2) = $4 AND purge_at <= $1
+        ORDER BY purge_at, key
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ), purged AS (
@@ -369,8 +407,9 @@ pub(crate) const SWEEP: &str = "
         WHERE e.tenant = p.tenant AND e.key = p.key
     ), compact_due AS (
         SELECT tenant, key FROM operations
-        WHERE status IN ('applied', 'failed_permanent', 'awaiting_approval') AND expires_at <= $1
-        ORDER BY expires_at
+        WHERE status IN ('applied', 'failed_permanent') AND split_part(key, ':', 2) = $4
+          AND expires_at <= $1
+        ORDER BY expires_at, key
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ), compacted AS (
@@ -380,7 +419,7 @@ pub(crate) const SWEEP: &str = "
             updated_at = $1
         FROM compact_due d
         WHERE o.tenant = d.tenant AND o.key = d.key
-          AND o.status IN ('applied', 'failed_permanent', 'awaiting_approval')
+          AND o.status IN ('applied', 'failed_permanent')
           AND o.expires_at <= $1
         RETURNING o.tenant, o.key, o.fence
     ), expired_events AS (
@@ -391,8 +430,14 @@ pub(crate) const SWEEP: &str = "
 
 /// Builds the listing statement for the filters present, so that each combination gets a plan
 /// that uses its index (a single statement with `$n IS NULL OR …` clauses would get a generic
-/// plan that can use none). There are sixteen combinations, each cached once per connection.
-pub(crate) fn list(tenant: bool, status: bool, tool: bool, after: bool) -> String {
+/// plan that can use none). Listings run planned for their values (`Conn::run_planned`).
+pub(crate) fn list(
+    tenant: bool,
+    environment: bool,
+    status: bool,
+    tool: bool,
+    after: bool,
+) -> String {
     let mut sql = format!("SELECT {} FROM operations", columns!());
     let mut clauses = Vec::new();
     let mut n = 0;
@@ -402,6 +447,11 @@ pub(crate) fn list(tenant: bool, status: bool, tool: bool, after: bool) -> Strin
     };
     if tenant {
         clauses.push(format!("tenant = ${}", next()));
+    }
+    if environment {
+        // The expression of the environment indexes (migration 0004), exactly: a listing of
+        // pending records of an environment reads a range of `operations_due`.
+        clauses.push(format!("split_part(key, ':', 2) = ${}", next()));
     }
     if status {
         clauses.push(format!("status = ${}", next()));

@@ -31,9 +31,57 @@ pub mod statements {
     pub fn transition_batch(rows: usize) -> String {
         crate::sql::transition_batch(rows)
     }
+    /// The lock a claim under a duplicate-intent window takes first; `$1` the request.
+    pub const DUPLICATE_LOCK: &str = crate::sql::DUPLICATE_LOCK;
+    /// The text the lock of [`DUPLICATE_LOCK`] is taken on, for a test that holds it.
+    pub fn duplicate_lock_request(tenant: &str, tool: &str, fingerprint: &str) -> String {
+        crate::sql::duplicate_lock_request(tenant, tool, fingerprint)
+    }
+    /// The duplicate-intent check, planned for its values.
+    pub const DUPLICATE: &str = crate::sql::DUPLICATE;
+    /// The due scan's first page and later pages, planned for their values.
+    pub const DUE: &str = crate::sql::DUE;
+    pub const DUE_AFTER: &str = crate::sql::DUE_AFTER;
+    /// One sweep of one environment, planned for its values.
+    pub const SWEEP: &str = crate::sql::SWEEP;
+    /// The listing statement for the filters present (tenant, environment, status, tool,
+    /// after), planned for its values.
+    pub fn list(tenant: bool, environment: bool, status: bool, tool: bool, after: bool) -> String {
+        crate::sql::list(tenant, environment, status, tool, after)
+    }
     /// The planner settings every store connection starts with, for tests that inspect the
     /// plans those connections get.
     pub const PLANNER_SETTINGS: &[(&str, &str)] = crate::PLANNER_SETTINGS;
+}
+
+/// The value of the run-time parameter `name` on a connection of each pool `store` holds: the
+/// main pool's first, then the batch pool's when batching is on. For tests that check what
+/// the store pins on its connections, whatever the server's or the database's defaults.
+pub async fn settings(
+    store: &PgStore,
+    name: &str,
+) -> Result<Vec<String>, idemgate_core::store::Error> {
+    let mut pools = vec![&store.pool];
+    if let Some(batcher) = &store.batcher {
+        pools.push(batcher.pool());
+    }
+    let mut values = Vec::with_capacity(pools.len());
+    for pool in pools {
+        let mut conn = crate::conn::checkout(pool, store.deadline).await?;
+        let rows = conn
+            .run(
+                crate::conn::Kind::Read,
+                "SELECT current_setting($1)",
+                &[&name],
+            )
+            .await?;
+        let value = rows
+            .first()
+            .and_then(|r| r.try_get::<_, String>(0).ok())
+            .unwrap_or_default();
+        values.push(value);
+    }
+    Ok(values)
 }
 
 /// The administrative connection string tests read.

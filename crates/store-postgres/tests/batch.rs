@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use idemgate_core::record::NOT_SETTLED;
 use idemgate_core::record::{Dispatch, EventKind, RecordStatus};
-use idemgate_core::store::{self, Cas, Claimed, Store};
+use idemgate_core::store::{self, Cas, Claimed, Expiry, Store};
 use idemgate_store_postgres::{Options, PgStore};
 
 const T0: i64 = 1_700_000_000_000;
@@ -70,6 +71,7 @@ async fn concurrent_claims_insert_once_per_key() {
                 );
             }
             Claimed::Existing(r) => existing.push((k, r)),
+            Claimed::DuplicateIntent(other) => panic!("a plain claim named {other}"),
         }
     }
     assert_eq!(inserted.len(), KEYS, "every key inserted once");
@@ -196,6 +198,53 @@ async fn concurrent_takeovers_apply_once_per_key() {
         }
     }
     assert_eq!(done, KEYS);
+}
+
+/// Settling transitions carried by one batch statement each write their own expiry, and keep
+/// the stored one when they carry none, exactly as the single statement does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_transitions_carry_their_expiry() {
+    let db = database!();
+    let store = Arc::new(db.store_with(one_in_flight()).await);
+    const KEYS: usize = 40;
+    let mut records = Vec::new();
+    for k in 0..KEYS {
+        let mut rec = claimed(&format!("acme:prod:wf:e{k:02}"), "w1", T0);
+        rec.expires_at = NOT_SETTLED;
+        rec.purge_at = NOT_SETTLED;
+        store.claim(rec.clone(), vec![]).await.unwrap();
+        records.push(rec);
+    }
+    let before = store.batch_stats();
+    let expiry = |k: usize| {
+        (!k.is_multiple_of(3)).then(|| Expiry {
+            expires_at: T0 + 1_000 + k as i64,
+            purge_at: T0 + 2_000 + k as i64,
+        })
+    };
+    let mut tasks = Vec::new();
+    for (k, rec) in records.iter().enumerate() {
+        let (store, rec) = (store.clone(), rec.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut t = step(&rec, applied(&format!("T-{k}")), T0 + 10, vec![]);
+            t.expiry = expiry(k);
+            (k, store.transition(t).await.unwrap())
+        }));
+    }
+    for t in tasks {
+        let (k, answer) = t.await.unwrap();
+        let Cas::Done(r) = answer else {
+            panic!("e{k:02} lost: {answer:?}")
+        };
+        let expected = expiry(k).map_or((NOT_SETTLED, NOT_SETTLED), |e| (e.expires_at, e.purge_at));
+        assert_eq!((r.expires_at, r.purge_at), expected, "e{k:02}");
+        assert_eq!(store.get(&r.key).await.unwrap(), Some(r), "e{k:02}");
+    }
+    let after = store.batch_stats();
+    assert!(
+        after.1 - before.1 > after.0 - before.0,
+        "nothing was batched: {before:?} then {after:?}"
+    );
 }
 
 /// Waits until `n` of the store's sessions are blocked on a lock.

@@ -70,8 +70,10 @@ async fn generic_plans_look_up_by_key_on_an_empty_table() {
     let hot = [
         ("GET", statements::GET, 2),
         ("CLAIM", statements::CLAIM, 29),
-        ("TRANSITION", statements::TRANSITION, 25),
+        ("TRANSITION", statements::TRANSITION, 27),
         ("CLAIM_BATCH", statements::CLAIM_BATCH, 30),
+        // Reads no table; listed so that a change that makes it read one is checked too.
+        ("DUPLICATE_LOCK", statements::DUPLICATE_LOCK, 1),
     ];
     let transition_batch = statements::transition_batch(4);
     // Never analysed; analysed while empty (what autovacuum leaves after everything was
@@ -90,12 +92,145 @@ async fn generic_plans_look_up_by_key_on_an_empty_table() {
         let hot = hot
             .iter()
             .copied()
-            .chain([("TRANSITION_BATCH", transition_batch.as_str(), 26)]);
+            .chain([("TRANSITION_BATCH", transition_batch.as_str(), 28)]);
         for (name, sql, params) in hot {
             let plan = generic_plan(&client, sql, params).await;
             if let Err(e) = reads_by_key_only(&plan) {
                 panic!("{name}, table {state}: {e}");
             }
+        }
+    }
+}
+
+/// The plan of `sql` for the parameter values `args` (SQL literals), as the store's connections
+/// get it for the statements it runs unnamed, planned for their values.
+async fn custom_plan(client: &tokio_postgres::Client, sql: &str, args: &[&str]) -> String {
+    client
+        .batch_execute("DEALLOCATE ALL; SET plan_cache_mode = force_custom_plan")
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!("PREPARE probe AS {sql}"))
+        .await
+        .unwrap();
+    let rows = client
+        .simple_query(&format!("EXPLAIN EXECUTE probe({})", args.join(", ")))
+        .await
+        .unwrap();
+    rows.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The scans by environment read their own partial index (migration 0004), bounded by the
+/// environment, in the order of their answer, on a table where settled rows far outnumber the
+/// others, as they do in production.
+#[tokio::test]
+async fn scans_by_environment_read_their_partial_indexes() {
+    let db = database!();
+    drop(db.store().await);
+    let client = admin(db.url()).await;
+    for (name, value) in statements::PLANNER_SETTINGS {
+        client
+            .batch_execute(&format!("SET {name} = {value}"))
+            .await
+            .unwrap();
+    }
+    // Twenty thousand settled rows over two environments, a few hundred of every other kind.
+    client
+        .batch_execute(
+            "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint,
+                 canonicalization, status, fence, lease_owner, lease_expires_at, dispatch,
+                 effect_reference, error_code, actor, created_at, updated_at, expires_at,
+                 purge_at, intent_window)
+             SELECT 'acme', 'acme:' || env || ':wf:' || i, 'tickets.create', '1',
+                 'sha256:' || md5(i::text), 1, status, 1,
+                 CASE WHEN status = 'pending' THEN 'w1' END,
+                 CASE WHEN status IN ('pending', 'awaiting_approval') THEN i END,
+                 CASE WHEN status = 'pending' THEN 'sent' END,
+                 CASE WHEN status IN ('applied', 'tombstone') THEN 'ref-' || i END,
+                 CASE WHEN status = 'failed_permanent' THEN 'downstream_rejected' END,
+                 'agent', i, i, i + 1000, i + 2000, i % 2 = 0
+             FROM generate_series(1, 22000) AS i,
+                 LATERAL (SELECT CASE WHEN i % 2 = 0 THEN 'prod' ELSE 'staging' END AS env,
+                     CASE
+                         WHEN i <= 20000 THEN 'applied'
+                         WHEN i <= 20400 THEN 'pending'
+                         WHEN i <= 20800 THEN 'awaiting_approval'
+                         WHEN i <= 21200 THEN 'failed_permanent'
+                         WHEN i <= 21600 THEN 'tombstone'
+                         ELSE 'unknown'
+                     END AS status) AS s;
+             ANALYZE operations",
+        )
+        .await
+        .unwrap();
+    let list_pending = statements::list(true, true, true, false, false);
+    let cases: [(&str, &str, &[&str], &[&str]); 6] = [
+        (
+            "DUE",
+            statements::DUE,
+            &["'prod'", "30000", "100"],
+            &["operations_due"],
+        ),
+        (
+            "DUE_AFTER",
+            statements::DUE_AFTER,
+            &["'prod'", "30000", "100", "20500", "'acme:prod:wf:20500'"],
+            &["operations_due"],
+        ),
+        (
+            "SWEEP",
+            statements::SWEEP,
+            &["30000", "100", "'sweeper'", "'prod'"],
+            &["operations_purgeable", "operations_expiring"],
+        ),
+        (
+            "DUPLICATE",
+            statements::DUPLICATE,
+            &[
+                "'acme'",
+                "'tickets.create'",
+                "'sha256:00'",
+                "0",
+                "'acme:prod:wf:1'",
+            ],
+            &["operations_fingerprint"],
+        ),
+        // A listing reads only the rows of its status, through either index that holds them
+        // (the planner weighs the due index's environment against the other's key order).
+        (
+            "listing pending by environment",
+            &list_pending,
+            &["'acme'", "'prod'", "'pending'", "100"],
+            &["operations_due|operations_by_tenant_status"],
+        ),
+        (
+            "listing the queue by environment",
+            &list_pending,
+            &["'acme'", "'prod'", "'unknown'", "100"],
+            &["operations_by_tenant_status"],
+        ),
+    ];
+    for (name, sql, args, indexes) in cases {
+        let plan = custom_plan(&client, sql, args).await;
+        for index in indexes {
+            let found = index.split('|').any(|one| plan.contains(one));
+            assert!(found, "{name}: {index}\n{plan}");
+        }
+        assert!(!plan.contains("Seq Scan"), "{name} scans the table\n{plan}");
+        // The scans of the recoverer and the sweeper read their rows in their answer's order
+        // and stop at the limit.
+        if matches!(name, "DUE" | "DUE_AFTER" | "SWEEP") {
+            assert!(!plan.contains("Sort"), "{name} sorts\n{plan}");
+            assert!(
+                plan.contains("split_part(key, ':'::text, 2) = 'prod'::text"),
+                "{name} is not bounded by its environment\n{plan}"
+            );
         }
     }
 }

@@ -127,7 +127,7 @@ async fn the_same_store_works_again_after_the_database_restarts() {
     )
     .await;
     during_outage("list", store.list(Filter::default())).await;
-    during_outage("sweep", store.sweep(T0, 10)).await;
+    during_outage("sweep", store.sweep("prod", T0, 10)).await;
     during_outage("events", store.events(&rec.key)).await;
     assert!(started.elapsed() < Duration::from_secs(30));
 

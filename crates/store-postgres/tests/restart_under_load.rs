@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::{ServerBack, pg_ctl};
 use idemgate_conformance::downstream::FakeDownstream;
-use idemgate_conformance::harness::{Spec, key, op, ticket};
+use idemgate_conformance::harness::{ENVIRONMENT, Spec, key, op, ticket};
 use idemgate_core::Contract;
 use idemgate_core::clock::ManualClock;
 use idemgate_core::effect::{AllowAll, Downstream};
@@ -213,6 +213,7 @@ async fn answers_stay_honest_and_every_key_converges_when_the_database_restarts_
     let recoverer = Recoverer::new(
         executor.clone(),
         Arc::new(OneTool(contract.clone(), downstream.clone())),
+        ENVIRONMENT,
     )
     .with_batch(1000);
     let mut recovered = BTreeMap::<&str, usize>::new();

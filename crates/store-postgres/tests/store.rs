@@ -8,7 +8,10 @@ use std::sync::Arc;
 use common::*;
 use idemgate_core::ErrorCode;
 use idemgate_core::record::{Dispatch, EventKind, RecordState, RecordStatus};
-use idemgate_core::store::{Cas, Claimed, Filter, RequestUpdate, Store, SweepReport};
+use idemgate_core::store::{
+    self, Cas, Claimed, Cursor, Due, Filter, RequestUpdate, Store, SweepReport,
+};
+use idemgate_store_postgres::testing::{self, statements};
 use idemgate_store_postgres::{Options, PgStore, migrate};
 use serde_json::json;
 
@@ -194,6 +197,7 @@ async fn concurrent_claims_insert_exactly_once() {
             match task.await.unwrap() {
                 Claimed::Inserted(r) => winners.push(r),
                 Claimed::Existing(r) => seen.push(r),
+                Claimed::DuplicateIntent(other) => panic!("a plain claim named {other}"),
             }
         }
         assert_eq!(winners.len(), 1, "round {round}: exactly one claim inserts");
@@ -460,7 +464,12 @@ async fn request_approver_and_fingerprint_updates() {
     let rec = claimed("acme:prod:wf:s1", "w1", T0);
     store.claim(rec.clone(), vec![]).await.unwrap();
 
-    let mut t = step(&rec, RecordState::AwaitingApproval, T0 + 1, vec![]);
+    let mut t = step(
+        &rec,
+        RecordState::AwaitingApproval { until: T0 + 60_000 },
+        T0 + 1,
+        vec![],
+    );
     t.request = RequestUpdate::Keep;
     let Cas::Done(r) = store.transition(t).await.unwrap() else {
         panic!()
@@ -623,80 +632,170 @@ async fn list_pages_in_byte_order() {
     );
 }
 
-#[tokio::test]
-async fn recoverable_finds_expired_released_and_polled_records() {
-    let db = database!();
-    let store = db.store().await;
-    let now = T0 + 100_000;
-    let cases = [
-        // (step, state, updated_at, due)
-        (
-            "live",
-            pending(Some("w1"), now + 1, Dispatch::Sent),
-            T0 + 1,
-            false,
-        ),
-        (
-            "expired",
-            pending(Some("w1"), now - 1, Dispatch::Sent),
-            T0 + 5,
-            true,
-        ),
-        (
-            "boundary",
-            pending(Some("w1"), now, Dispatch::NotSent),
-            T0 + 4,
-            true,
-        ),
-        (
-            "released",
-            pending(None, now + 50_000, Dispatch::NotSent),
-            T0 + 3,
-            true,
-        ),
-        (
-            "job",
-            pending(
-                Some("w1"),
-                now + 50_000,
-                Dispatch::Job {
-                    job_id: "j-1".into(),
-                },
-            ),
-            T0 + 2,
-            true,
-        ),
-        ("applied", applied("T-1"), T0, false),
-        ("unknown", unknown(), T0, false),
-    ];
-    for (step_id, state, updated_at, _) in &cases {
-        let mut r = claimed(&format!("acme:prod:wf:{step_id}"), "w1", T0);
-        r.state = state.clone();
-        r.updated_at = *updated_at;
-        store.claim(r, vec![]).await.unwrap();
+/// The schema a database of `version` had: the migrations up to it, applied in a transaction
+/// of the test's own and recorded as `migrate` records them.
+async fn migrated_to(
+    client: &mut tokio_postgres::Client,
+    version: usize,
+) -> tokio_postgres::Transaction<'_> {
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(
+        "CREATE TABLE idemgate_schema_version (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .unwrap();
+    for (index, (name, sql)) in migrate::MIGRATIONS[..version].iter().enumerate() {
+        tx.batch_execute(sql).await.unwrap();
+        tx.execute(
+            "INSERT INTO idemgate_schema_version (version, name) VALUES ($1, $2)",
+            &[&(index as i32 + 1), name],
+        )
+        .await
+        .unwrap();
     }
-    let due: Vec<_> = store
-        .recoverable(now, 10)
+    tx
+}
+
+async fn due_steps(
+    store: &PgStore,
+    environment: &str,
+    now: i64,
+    after: Option<Cursor>,
+    limit: usize,
+) -> Vec<String> {
+    store
+        .due(Due {
+            environment: environment.into(),
+            now,
+            after,
+            limit,
+        })
         .await
         .unwrap()
         .into_iter()
         .map(|r| r.key.step_id().to_string())
-        .collect();
-    // Oldest update first.
-    assert_eq!(due, vec!["job", "released", "boundary", "expired"]);
-    let first_two: Vec<_> = store
-        .recoverable(now, 2)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key.step_id().to_string())
-        .collect();
-    assert_eq!(first_two, vec!["job", "released"]);
-    assert!(store.recoverable(now, 0).await.unwrap().is_empty());
+        .collect()
 }
 
 #[tokio::test]
-async fn find_fingerprint_within_the_window() {
+async fn due_finds_expired_released_polled_and_awaiting_records() {
+    let db = database!();
+    let store = db.store().await;
+    let now = T0 + 100_000;
+    let job = || Dispatch::Job {
+        job_id: "j-1".into(),
+    };
+    let cases = [
+        ("live", pending(Some("w1"), now + 1, Dispatch::Sent)),
+        ("expired", pending(Some("w1"), now - 1, Dispatch::Sent)),
+        ("boundary", pending(Some("w1"), now, Dispatch::NotSent)),
+        ("released", pending(None, now - 50, Dispatch::NotSent)),
+        (
+            "released_later",
+            pending(None, now + 50_000, Dispatch::NotSent),
+        ),
+        ("job", pending(Some("w1"), now - 10, job())),
+        ("job_later", pending(Some("w1"), now + 50_000, job())),
+        (
+            "approval",
+            RecordState::AwaitingApproval { until: now - 20 },
+        ),
+        (
+            "approval_later",
+            RecordState::AwaitingApproval { until: now + 1 },
+        ),
+        ("applied", applied("T-1")),
+        ("unknown", unknown()),
+    ];
+    for (step_id, state) in &cases {
+        let mut r = claimed(&format!("acme:prod:wf:{step_id}"), "w1", T0);
+        r.state = state.clone();
+        store.claim(r, vec![]).await.unwrap();
+    }
+    let mut elsewhere = claimed("acme:staging:wf:expired", "w1", T0);
+    elsewhere.state = pending(Some("w1"), now - 1_000, Dispatch::Sent);
+    store.claim(elsewhere, vec![]).await.unwrap();
+
+    // Deadline first, then key.
+    assert_eq!(
+        due_steps(&store, "prod", now, None, 10).await,
+        vec!["released", "approval", "job", "expired", "boundary"]
+    );
+    assert_eq!(
+        due_steps(&store, "prod", now, None, 2).await,
+        vec!["released", "approval"]
+    );
+    let after = Some(Cursor {
+        due_at: now - 20,
+        key: key("acme:prod:wf:approval"),
+    });
+    assert_eq!(
+        due_steps(&store, "prod", now, after, 2).await,
+        vec!["job", "expired"]
+    );
+    assert!(due_steps(&store, "prod", now, None, 0).await.is_empty());
+    assert_eq!(
+        due_steps(&store, "staging", now, None, 10).await,
+        vec!["expired"]
+    );
+}
+
+/// A database of schema version 3 (before the due index): its awaiting-approval records get
+/// their deadline from `expires_at`, at which the due scan finds them.
+#[tokio::test]
+async fn awaiting_approvals_from_before_the_due_index_get_their_deadline() {
+    let db = database!();
+    let mut client = admin(db.url()).await;
+    let tx = migrated_to(&mut client, 3).await;
+    let mut waiting = claimed("acme:prod:wf:waiting", "w1", T0);
+    waiting.state = RecordState::AwaitingApproval { until: 0 };
+    waiting.expires_at = T0 + 5_000;
+    insert_raw(&tx, &waiting).await;
+    // Version 3 kept no deadline for an approval.
+    tx.execute(
+        "UPDATE operations SET lease_expires_at = NULL WHERE key = $1",
+        &[&waiting.key.as_str()],
+    )
+    .await
+    .unwrap();
+    let mut other = claimed("acme:staging:wf:waiting", "w1", T0);
+    other.state = RecordState::AwaitingApproval { until: 0 };
+    other.expires_at = T0;
+    insert_raw(&tx, &other).await;
+    tx.commit().await.unwrap();
+
+    let store = db.store().await;
+    let record = store.get(&waiting.key).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::AwaitingApproval { until: T0 + 5_000 }
+    );
+    assert!(
+        due_steps(&store, "prod", T0 + 4_999, None, 10)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        due_steps(&store, "prod", T0 + 5_000, None, 10).await,
+        vec!["waiting"]
+    );
+    assert_eq!(
+        due_steps(&store, "staging", T0 + 5_000, None, 10).await,
+        vec!["waiting"]
+    );
+    // Never compacted any more, however long past its old expiry.
+    assert_eq!(
+        store.sweep("prod", T0 + 1_000_000_000, 100).await.unwrap(),
+        SweepReport::default()
+    );
+}
+
+#[tokio::test]
+async fn claim_unless_duplicate_within_the_window() {
     let db = database!();
     let store = db.store().await;
     for (step_id, tenant, tool, n, created) in [
@@ -710,54 +809,152 @@ async fn find_fingerprint_within_the_window() {
         r.fingerprint = fingerprint(n);
         store.claim(r, vec![]).await.unwrap();
     }
-    let find = |tenant: &'static str, tool: &'static str, n: u64, since: i64| {
+    let probe = |tenant: &'static str, tool: &'static str, n: u64, since: i64| {
         let store = store.clone();
         async move {
-            store
-                .find_fingerprint(tenant, tool, &fingerprint(n), since)
+            let mut r = claimed(
+                &format!("{tenant}:prod:wf:{tool}-{n}-{since}"),
+                "w2",
+                T0 + 5_000,
+            );
+            r.tool = tool.into();
+            r.fingerprint = fingerprint(n);
+            match store
+                .claim_unless_duplicate(r, vec![], since)
                 .await
                 .unwrap()
-                .map(|k| k.as_str().to_string())
+            {
+                Claimed::DuplicateIntent(other) => Some(other.as_str().to_string()),
+                Claimed::Inserted(_) => None,
+                Claimed::Existing(r) => panic!("a new key existed: {}", r.key),
+            }
         }
     };
     assert_eq!(
-        find("acme", "create_ticket", 7, T0).await.as_deref(),
+        probe("acme", "create_ticket", 7, T0).await.as_deref(),
         Some("acme:prod:wf:old")
     );
     assert_eq!(
-        find("acme", "create_ticket", 7, T0 + 1).await.as_deref(),
+        probe("acme", "create_ticket", 7, T0 + 1).await.as_deref(),
         Some("acme:prod:wf:new")
     );
-    assert_eq!(find("acme", "create_ticket", 7, T0 + 1001).await, None);
-    assert_eq!(find("acme", "create_ticket", 8, T0).await, None);
-    assert_eq!(find("acme", "create_ticket", 9, T0).await, None);
+    // Inserted (and so watched from now on) when nothing matches.
+    assert_eq!(probe("acme", "create_ticket", 7, T0 + 5_001).await, None);
+    assert_eq!(probe("acme", "create_ticket", 8, T0).await, None);
+    assert_eq!(probe("acme", "create_ticket", 9, T0).await, None);
+    assert_eq!(
+        probe("acme", "refund", 8, T0).await.as_deref(),
+        Some("acme:prod:wf:other_tool")
+    );
 }
 
-/// A database of schema version 2 (before `intent_window`): its records stay findable by
-/// fingerprint after the upgrade, while a record claimed afterwards without the window is not.
-#[tokio::test]
-async fn records_from_before_the_intent_flag_stay_findable() {
+/// Claims of one request under different keys from several gateway processes (separate
+/// pools): the advisory lock serialises them across processes, so exactly one inserts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_intents_from_many_gateways_insert_once() {
+    const GATEWAYS: usize = 4;
+    const PER_GATEWAY: usize = 8;
     let db = database!();
-    let mut client = admin(db.url()).await;
-    let tx = client.transaction().await.unwrap();
-    tx.batch_execute(
-        "CREATE TABLE idemgate_schema_version (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         )",
-    )
-    .await
-    .unwrap();
-    for (index, (name, sql)) in migrate::MIGRATIONS[..2].iter().enumerate() {
-        tx.batch_execute(sql).await.unwrap();
-        tx.execute(
-            "INSERT INTO idemgate_schema_version (version, name) VALUES ($1, $2)",
-            &[&(index as i32 + 1), name],
+    let mut stores = Vec::new();
+    for _ in 0..GATEWAYS {
+        stores.push(db.store().await);
+    }
+    for round in 0..5 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(GATEWAYS * PER_GATEWAY));
+        let mut tasks = Vec::new();
+        for (g, store) in stores.iter().enumerate() {
+            for i in 0..PER_GATEWAY {
+                let store = store.clone();
+                let barrier = Arc::clone(&barrier);
+                let mut r = claimed(&format!("acme:prod:wf{round}:g{g}-{i}"), "w1", T0);
+                r.fingerprint = fingerprint(100 + round);
+                tasks.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim_unless_duplicate(r, vec![], T0).await.unwrap()
+                }));
+            }
+        }
+        let mut inserted = Vec::new();
+        let mut named = HashSet::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Claimed::Inserted(r) => inserted.push(r.key),
+                Claimed::DuplicateIntent(other) => {
+                    named.insert(other);
+                }
+                Claimed::Existing(r) => panic!("a new key existed: {}", r.key),
+            }
+        }
+        assert_eq!(inserted.len(), 1, "round {round}: exactly one inserts");
+        assert_eq!(named, HashSet::from([inserted[0].clone()]), "round {round}");
+    }
+}
+
+/// A claim that waits for the request's lock longer than the statement timeout fails as
+/// `Unavailable` (nothing was written), and its connection goes back to the pool outside any
+/// transaction: the next operation on the one connection of the pool works.
+#[tokio::test]
+async fn a_claim_stuck_on_the_request_lock_changes_nothing() {
+    let db = database!();
+    let store = db
+        .store_with(Options {
+            pool_size: 1,
+            batching: false,
+            statement_timeout: std::time::Duration::from_millis(300),
+            ..Options::default()
+        })
+        .await;
+    let r = claimed("acme:prod:wf:s1", "w1", T0);
+    let holder = admin(db.url()).await;
+    let request =
+        statements::duplicate_lock_request(r.key.tenant(), &r.tool, r.fingerprint.as_str());
+    holder
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
+            &[&request],
         )
         .await
         .unwrap();
-    }
+    let refused = store.claim_unless_duplicate(r.clone(), vec![], 0).await;
+    assert!(
+        matches!(refused, Err(store::Error::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert_eq!(store.get(&r.key).await.unwrap(), None);
+    let open: i64 = holder
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 0, "no session is left inside a transaction");
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+            &[&request],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_unless_duplicate(r.clone(), vec![], 0)
+            .await
+            .unwrap(),
+        Claimed::Inserted(r)
+    );
+}
+
+/// A database of schema version 2 (before `intent_window`): its records stay watched for
+/// duplicate intents after the upgrade, while a record claimed afterwards without the window
+/// is not.
+#[tokio::test]
+async fn records_from_before_the_intent_flag_stay_watched() {
+    let db = database!();
+    let mut client = admin(db.url()).await;
+    let tx = migrated_to(&mut client, 2).await;
     let mut old = claimed("acme:prod:wf:old", "w1", T0);
     old.fingerprint = fingerprint(7);
     let r = idemgate_core::record::Row::from_record(&old);
@@ -790,11 +987,60 @@ async fn records_from_before_the_intent_flag_stay_findable() {
     unwatched.fingerprint = fingerprint(7);
     unwatched.intent_window = false;
     store.claim(unwatched, vec![]).await.unwrap();
+    let mut probe = claimed("acme:prod:wf:probe", "w1", T0 + 1);
+    probe.fingerprint = fingerprint(7);
     let found = store
-        .find_fingerprint("acme", &old.tool, &fingerprint(7), 0)
+        .claim_unless_duplicate(probe, vec![], 0)
         .await
         .unwrap();
-    assert_eq!(found.as_ref().map(|k| k.as_str()), Some("acme:prod:wf:old"));
+    assert_eq!(found, Claimed::DuplicateIntent(key("acme:prod:wf:old")));
+}
+
+/// Every connection the store opens pins `synchronous_commit = on` and READ COMMITTED, whatever
+/// the database was configured with: a commit is acknowledged only once it is durable, and the
+/// statements' correctness argument holds.
+#[tokio::test]
+async fn durability_and_isolation_are_pinned_on_every_connection() {
+    let db = database!();
+    let client = admin(db.url()).await;
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" SET synchronous_commit = off;
+             ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'",
+            name = db.name()
+        ))
+        .await
+        .unwrap();
+    // A plain session of the database gets the database's settings...
+    let plain = admin(db.url()).await;
+    let off: String = plain
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(off, "off");
+    // ...the store's sessions, of both pools, do not.
+    for batching in [false, true] {
+        let store = db
+            .store_with(Options {
+                batching,
+                ..Options::default()
+            })
+            .await;
+        let pools = if batching { 2 } else { 1 };
+        assert_eq!(
+            testing::settings(&store, "synchronous_commit")
+                .await
+                .unwrap(),
+            vec!["on"; pools]
+        );
+        assert_eq!(
+            testing::settings(&store, "transaction_isolation")
+                .await
+                .unwrap(),
+            vec!["read committed"; pools]
+        );
+    }
 }
 
 #[tokio::test]
@@ -808,9 +1054,9 @@ async fn sweep_follows_the_trait_rule() {
         ("refused_due", refused(), now - 1, now + 5),
         (
             "approval_due",
-            RecordState::AwaitingApproval,
+            RecordState::AwaitingApproval { until: now - 1 },
             now - 1,
-            now + 5,
+            now - 1,
         ),
         ("applied_live", applied("T-2"), now + 100, now + 200),
         (
@@ -829,14 +1075,16 @@ async fn sweep_follows_the_trait_rule() {
         ),
     ];
     for (step_id, state, expires_at, purge_at) in &rows {
-        let mut r = claimed(&format!("acme:prod:wf:{step_id}"), "w1", T0);
-        r.state = state.clone();
-        r.expires_at = *expires_at;
-        r.purge_at = *purge_at;
-        store
-            .claim(r, vec![event(EventKind::Claimed, T0, 1, "w1")])
-            .await
-            .unwrap();
+        for environment in ["prod", "staging"] {
+            let mut r = claimed(&format!("acme:{environment}:wf:{step_id}"), "w1", T0);
+            r.state = state.clone();
+            r.expires_at = *expires_at;
+            r.purge_at = *purge_at;
+            store
+                .claim(r, vec![event(EventKind::Claimed, T0, 1, "w1")])
+                .await
+                .unwrap();
+        }
     }
     let get = |step_id: &str| {
         let store = store.clone();
@@ -844,24 +1092,30 @@ async fn sweep_follows_the_trait_rule() {
         async move { store.get(&k).await.unwrap() }
     };
 
-    assert_eq!(store.sweep(now, 0).await.unwrap(), SweepReport::default());
-    // A limit of two per kind: two of the three due records are compacted, the one due
-    // tombstone is purged.
     assert_eq!(
-        store.sweep(now, 2).await.unwrap(),
+        store.sweep("prod", now, 0).await.unwrap(),
+        SweepReport::default()
+    );
+    // A limit of one per kind: one of the two due records is compacted, the one due tombstone
+    // is purged.
+    assert_eq!(
+        store.sweep("prod", now, 1).await.unwrap(),
         SweepReport {
-            compacted: 2,
+            compacted: 1,
             purged: 1
         }
     );
     assert_eq!(
-        store.sweep(now, 2).await.unwrap(),
+        store.sweep("prod", now, 1).await.unwrap(),
         SweepReport {
             compacted: 1,
             purged: 0
         }
     );
-    assert_eq!(store.sweep(now, 2).await.unwrap(), SweepReport::default());
+    assert_eq!(
+        store.sweep("prod", now, 1).await.unwrap(),
+        SweepReport::default()
+    );
 
     let t = get("applied_due").await.unwrap();
     assert_eq!(t.state, tombstone(Some("T-1"), None));
@@ -869,10 +1123,6 @@ async fn sweep_follows_the_trait_rule() {
     assert_eq!(
         get("refused_due").await.unwrap().state,
         tombstone(None, Some(ErrorCode::DownstreamRejected))
-    );
-    assert_eq!(
-        get("approval_due").await.unwrap().state,
-        tombstone(None, None)
     );
     let trace = store.events(&t.key).await.unwrap();
     assert_eq!(
@@ -882,6 +1132,11 @@ async fn sweep_follows_the_trait_rule() {
     assert_eq!((trace[1].at, trace[1].attempt), (now, 1));
 
     assert_eq!(get("applied_live").await.unwrap().state, applied("T-2"));
+    // Not settled, so never swept: awaiting approval, pending and unknown.
+    assert_eq!(
+        get("approval_due").await.unwrap().status(),
+        RecordStatus::AwaitingApproval
+    );
     assert_eq!(
         get("pending_due").await.unwrap().status(),
         RecordStatus::Pending
@@ -901,16 +1156,19 @@ async fn sweep_follows_the_trait_rule() {
     assert!(get("tomb_live").await.is_some());
 
     // Later, the compacted records' tombstones are purged too, with their events.
-    let report = store.sweep(now + 5, 100).await.unwrap();
+    let report = store.sweep("prod", now + 5, 100).await.unwrap();
     assert_eq!(
         report,
         SweepReport {
             compacted: 0,
-            purged: 4
+            purged: 3
         }
     );
     let left: HashSet<_> = store
-        .list(Filter::default())
+        .list(Filter {
+            environment: Some("prod".into()),
+            ..Filter::default()
+        })
         .await
         .unwrap()
         .into_iter()
@@ -920,10 +1178,28 @@ async fn sweep_follows_the_trait_rule() {
         left,
         HashSet::from([
             "applied_live".to_string(),
+            "approval_due".into(),
             "pending_due".into(),
             "unknown_due".into()
         ])
     );
+    // The other environment was never touched.
+    let staging = store
+        .list(Filter {
+            environment: Some("staging".into()),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(staging.len(), rows.len());
+    for r in staging {
+        let (_, state, _, _) = rows
+            .iter()
+            .find(|(step_id, ..)| *step_id == r.key.step_id())
+            .expect("one of the rows");
+        assert_eq!(&r.state, state, "{}", r.key);
+        assert_eq!(store.events(&r.key).await.unwrap().len(), 1, "{}", r.key);
+    }
 }
 
 /// Sweepers in several processes at once compact each record once: `SKIP LOCKED` splits the
@@ -945,7 +1221,7 @@ async fn concurrent_sweeps_compact_each_record_once() {
             tokio::spawn(async move {
                 let mut total = 0;
                 loop {
-                    let report = store.sweep(now, 15).await.unwrap();
+                    let report = store.sweep("prod", now, 15).await.unwrap();
                     total += report.compacted;
                     if report.compacted == 0 {
                         return total;

@@ -2,10 +2,12 @@
 //! run. `scripts/bench-ratios` turns criterion's estimates into the ratios in BENCHMARKS.md.
 //!
 //! - `unique/{bare,executor}/{1,64}`: a new operation key per call; the effect is a no-op.
-//!   The bare loop issues the same claim (insert, with 3 trace entries) and finalise
-//!   (conditional update appending 3 entries, the row read back) statements, one transaction
-//!   each, on a connection with the same file settings (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection behind a mutex
-//!   (its best case: separate connections would also spin on SQLite's busy handler).
+//!   The bare loop issues the same claim (insert, with 3 trace entries, not yet expiring) and
+//!   finalise (conditional update appending 3 entries and fixing the settled record's expiry,
+//!   the row read back) statements, one transaction each, on a connection with the same file
+//!   settings (WAL, synchronous=FULL). At 64 callers the bare loop shares one connection
+//!   behind a mutex (its best case: separate connections would also spin on SQLite's busy
+//!   handler).
 //! - `replay/{bare,executor,executor-uncached}/{1,64}`: an applied key delivered again, against
 //!   a bare primary-key read of the same row with the same statement, every column decoded.
 //!   `executor` answers from the settled records it keeps in memory; `executor-uncached` keeps
@@ -50,11 +52,13 @@ const INSERT: &str = "INSERT INTO operations (tenant, key, tool, tool_version, f
     effect_reference, result, error_code, error_message, actor, request, approved_by, created_at, \
     updated_at, expires_at, purge_at, intent_window, trace) VALUES (?1, ?2, 'tickets.create', \
     '2026-08-18', ?3, 1, 'pending', 1, 'bare', ?4, 'not_sent', NULL, NULL, NULL, NULL, NULL, \
-    'agent-1', ?5, NULL, ?4, ?4, ?4, ?4, 0, ?6) ON CONFLICT (tenant, key) DO NOTHING";
+    'agent-1', ?5, NULL, ?4, ?4, 9223372036854775807, 9223372036854775807, 0, ?6) \
+    ON CONFLICT (tenant, key) DO NOTHING";
 const FINALISE: &str = "UPDATE operations SET status = 'applied', lease_owner = NULL, \
     lease_expires_at = NULL, dispatch = NULL, job_id = NULL, effect_reference = ?3, result = ?4, \
     error_code = NULL, error_message = NULL, fence = 1, updated_at = ?5, request = NULL, \
-    trace = trace || ?6 WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending'";
+    expires_at = ?5 + 86400000, purge_at = ?5 + 172800000, trace = trace || ?6 \
+    WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending'";
 const READ: &str = "SELECT tenant, key, tool, tool_version, fingerprint, canonicalization, \
     status, fence, lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, \
     error_code, error_message, actor, request, approved_by, created_at, updated_at, expires_at, \

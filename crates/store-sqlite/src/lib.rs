@@ -11,8 +11,9 @@
 //!   per write only when one fails after writing), commits once, and only then answers each
 //!   caller. The fsync per commit is shared by every write in it; a caller alone commits its
 //!   own write on its own thread. [`Stats`] counts commits and commands.
-//! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), compare-and-set transitions, event
-//!   appends and the retention sweep, each run inside the writer's transaction; the caller's
+//! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), the claim that first checks for a
+//!   duplicate intent, compare-and-set transitions, event appends and the retention sweep of
+//!   one environment, each run inside the writer's transaction; the caller's
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
 //! - `trace` — the event trace, kept in the operation's own row, one JSON array per entry.
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
@@ -31,11 +32,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Error, Filter, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
 };
 use rusqlite::{Connection, OpenFlags};
 
@@ -279,6 +279,36 @@ impl Store for SqliteStore {
         })
     }
 
+    fn claim_unless_duplicate(
+        &self,
+        record: Record,
+        events: Vec<Event>,
+        since: Millis,
+    ) -> BoxFuture<'_, Result<Claimed, Error>> {
+        let claim = Arc::new(write::Claim::new(record, &events));
+        let work = Arc::clone(&claim);
+        Box::pin(async move {
+            // One command: the check and the insert share the writer's transaction, which makes
+            // them one atomic step (see `write::claim_unless_duplicate`).
+            let found = self
+                .inner
+                .writer
+                .submit(move |tx| write::claim_unless_duplicate(tx, &work, since))
+                .await?;
+            Ok(match found {
+                write::Guarded::Inserted => Claimed::Inserted(
+                    Arc::try_unwrap(claim).map_or_else(|c| c.record.clone(), |c| c.record),
+                ),
+                write::Guarded::Existing(existing) => Claimed::Existing(read::record(*existing)?),
+                write::Guarded::Duplicate(other) => {
+                    Claimed::DuplicateIntent(OperationKey::parse(&other).map_err(|e| {
+                        Error::Corrupt(format!("stored key `{other}` is malformed: {e}"))
+                    })?)
+                }
+            })
+        })
+    }
+
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         let update = Arc::new(write::Update::new(&transition));
         let work = Arc::clone(&update);
@@ -312,44 +342,51 @@ impl Store for SqliteStore {
         Box::pin(async move { self.read(|conn| read::list(conn, &filter)) })
     }
 
-    fn recoverable(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
-        Box::pin(async move { self.read(|conn| read::recoverable(conn, now, limit)) })
+    fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| read::due(conn, &query)) })
     }
 
-    fn find_fingerprint<'a>(
+    fn sweep<'a>(
         &'a self,
-        tenant: &'a str,
-        tool: &'a str,
-        fingerprint: &'a Fingerprint,
-        since: Millis,
-    ) -> BoxFuture<'a, Result<Option<OperationKey>, Error>> {
-        Box::pin(async move {
-            self.read(|conn| read::find_fingerprint(conn, tenant, tool, fingerprint, since))
-        })
-    }
-
-    fn sweep(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<SweepReport, Error>> {
+        environment: &'a str,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<SweepReport, Error>> {
+        let environment = environment.to_string();
         Box::pin(
             self.inner
                 .writer
-                .submit(move |tx| write::sweep(tx, now, limit)),
+                .submit(move |tx| write::sweep(tx, &environment, now, limit)),
         )
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use idemgate_core::fingerprint::Fingerprint;
+    use idemgate_core::key::OperationKey;
+    use idemgate_core::record::{
+        Dispatch, Event, EventKind, Lease, Receipt, RecordState, RecordStatus,
+    };
+    use idemgate_core::store::{Expect, Expiry, Filter, RequestUpdate, Transition};
     use rusqlite::Connection;
 
     use super::{read, schema, write};
 
-    /// The query plan SQLite picks for `sql` (with two parameters), one line per step.
+    fn migrated() -> Connection {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        schema::migrate(&conn).expect("the schema applies");
+        conn
+    }
+
+    /// The query plan SQLite picks for `sql` (every parameter NULL), one line per step.
     fn plan(conn: &Connection, sql: &str) -> String {
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("the query prepares");
+        let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
         let steps = stmt
-            .query_map([0, 0], |r| r.get::<_, String>(3))
+            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
             .expect("the plan runs")
             .collect::<rusqlite::Result<Vec<_>>>()
             .expect("the plan reads");
@@ -368,17 +405,83 @@ mod tests {
             .expect("the program reads")
     }
 
+    /// The shapes of transition the executor sends most: the owner's finalise (settling, with
+    /// an expiry, the request cleared, events), an approval, a takeover, an operator's new
+    /// fingerprint.
+    fn transitions() -> Vec<Transition> {
+        let key = OperationKey::parse("acme:prod:wf:s1").expect("a valid key");
+        let fingerprint =
+            Fingerprint::parse(&format!("sha256:{}", "b".repeat(64))).expect("a fingerprint");
+        let pending = RecordState::Pending {
+            lease: Lease {
+                owner: Some("w1".into()),
+                expires_at: 30_000,
+            },
+            dispatch: Dispatch::NotSent,
+        };
+        let base = Transition {
+            key,
+            expect: Expect {
+                fence: 1,
+                status: RecordStatus::Pending,
+                lease_expired_by: None,
+            },
+            next: pending.clone(),
+            fence: 1,
+            request: RequestUpdate::Keep,
+            approved_by: None,
+            fingerprint: None,
+            expiry: None,
+            events: Vec::new(),
+            now: 1_000,
+        };
+        let finalise = Transition {
+            next: RecordState::Applied(Receipt {
+                reference: "ticket-1".into(),
+                result: serde_json::json!({"id": 1}),
+            }),
+            request: RequestUpdate::Clear,
+            expiry: Some(Expiry {
+                expires_at: 90_000,
+                purge_at: 180_000,
+            }),
+            events: vec![Event::new(EventKind::Committed, 1_000, 1, "w1")],
+            ..base.clone()
+        };
+        let approval = Transition {
+            expect: Expect {
+                status: RecordStatus::AwaitingApproval,
+                ..base.expect.clone()
+            },
+            approved_by: Some("operator".into()),
+            ..base.clone()
+        };
+        let takeover = Transition {
+            expect: Expect {
+                lease_expired_by: Some(1_000),
+                ..base.expect.clone()
+            },
+            fence: 2,
+            ..base.clone()
+        };
+        let reconcile = Transition {
+            fingerprint: Some(fingerprint),
+            request: RequestUpdate::Set(serde_json::json!({"a": 1})),
+            ..base
+        };
+        vec![finalise, approval, takeover, reconcile]
+    }
+
     #[test]
     fn claims_and_transitions_build_no_temporary_tables() {
         // A temporary table per statement (an IN list in a partial index's condition, or
         // RETURNING) cost the single writer thread a fifth of its instructions.
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        schema::migrate(&conn).expect("the schema applies");
-        for sql in [
-            write::CLAIM,
-            "UPDATE operations SET status = ?, fence = ?, expires_at = ? \
-             WHERE tenant = ? AND key = ? AND fence = ? AND status = ?",
-        ] {
+        let conn = migrated();
+        let updates: Vec<write::Update> = transitions().iter().map(write::Update::new).collect();
+        let statements = [write::CLAIM, write::DUPLICATE, read::GET]
+            .into_iter()
+            .chain(updates.iter().map(write::Update::sql));
+        for sql in statements {
             let program = program(&conn, sql);
             assert!(
                 !program.iter().any(|op| op == "OpenEphemeral"),
@@ -389,14 +492,14 @@ mod tests {
 
     #[test]
     fn listings_by_status_read_an_index_in_key_order() {
-        use idemgate_core::record::RecordStatus;
-        use idemgate_core::store::Filter;
-
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        schema::migrate(&conn).expect("the schema applies");
-        for status in RecordStatus::ALL {
+        let conn = migrated();
+        for (status, environment) in RecordStatus::ALL
+            .into_iter()
+            .flat_map(|s| [(s, None), (s, Some("prod".to_string()))])
+        {
             let filter = Filter {
                 tenant: Some("acme".into()),
+                environment: environment.clone(),
                 status: Some(status),
                 tool: Some("tickets.create".into()),
                 after: Some("acme:prod:wf:a".into()),
@@ -415,12 +518,20 @@ mod tests {
                 .expect("the plan reads")
                 .join("\n");
             // Pending and applied rows are not in the listing index; every other status is, and
-            // a listing of it must not scan the table. Applied rows are read in key order from
-            // the primary key, from the page's first key on.
-            let index = match status {
-                RecordStatus::Pending => "USING INDEX operations_recoverable",
-                RecordStatus::Applied => "USING PRIMARY KEY (tenant=? AND key>?)",
-                _ => "USING INDEX operations_list_by_tenant (tenant=? AND status=? AND tool=?",
+            // a listing of it must not scan the table. Pending rows are read from the due
+            // index, a range of it when the environment is given; applied rows in key order
+            // from the primary key, from the page's first key on.
+            let index = match (status, &environment) {
+                (RecordStatus::Pending, None) => "USING INDEX operations_due",
+                (RecordStatus::Pending, Some(_)) => "USING INDEX operations_due (environment=?)",
+                (RecordStatus::Applied, _) => "USING PRIMARY KEY (tenant=? AND key>?)",
+                (
+                    RecordStatus::AwaitingApproval
+                    | RecordStatus::FailedPermanent
+                    | RecordStatus::Unknown
+                    | RecordStatus::Tombstone,
+                    _,
+                ) => "USING INDEX operations_list_by_tenant (tenant=? AND status=? AND tool=?",
             };
             assert!(plan.contains(index), "{status:?}: {sql}\n{plan}");
             // Only the pending rows, the few in flight, are sorted; every other listing reads
@@ -433,15 +544,35 @@ mod tests {
 
     #[test]
     fn maintenance_queries_read_only_their_partial_indexes() {
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        schema::migrate(&conn).expect("the schema applies");
+        let conn = migrated();
         for (sql, index) in [
-            (read::RECOVERABLE, "INDEX operations_recoverable"),
-            (write::DUE, "INDEX operations_expiring (expires_at<?)"),
-            (write::PURGEABLE, "INDEX operations_purgeable (purge_at<?)"),
+            (
+                read::DUE,
+                "INDEX operations_due (environment=? AND lease_expires_at<?)",
+            ),
+            (
+                read::DUE_AFTER,
+                "INDEX operations_due (environment=? AND (lease_expires_at,key)>(?,?) \
+                 AND lease_expires_at<?)",
+            ),
+            (
+                write::COMPACTABLE,
+                "INDEX operations_expiring (environment=? AND expires_at<?)",
+            ),
+            (
+                write::PURGEABLE,
+                "INDEX operations_purgeable (environment=? AND purge_at<?)",
+            ),
+            (
+                write::DUPLICATE,
+                "INDEX operations_fingerprint (tenant=? AND tool=? AND fingerprint=? \
+                 AND created_at>?)",
+            ),
         ] {
             let plan = plan(&conn, sql);
             assert!(plan.contains(index), "{sql}\n{plan}");
+            // Each reads its index in the answer's order and stops at the limit.
+            assert!(!plan.contains("TEMP B-TREE"), "{sql}\n{plan}");
         }
     }
 }

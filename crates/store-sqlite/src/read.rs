@@ -1,10 +1,9 @@
 //! Queries that only read. The reader pool runs them, and the writer reuses `get` to answer
 //! with the record as stored inside its own transaction.
 
-use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Record, RecordStatus, Row};
-use idemgate_core::store::{Error, Filter};
+use idemgate_core::record::{Event, Record, RecordStatus, Row};
+use idemgate_core::store::{Due, Error, Filter};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Statement, params, params_from_iter};
 
@@ -128,15 +127,23 @@ pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
     let mut values = Vec::new();
     // The listing index holds neither pending nor applied rows (see migration 0004): a listing
     // of another status repeats the index's condition word for word so that SQLite may use it;
-    // a listing of pending rows reads the recoverer's index, which holds only those; a listing
-    // of applied rows reads the primary key in key order.
+    // a listing of pending rows reads the due index (migration 0005), which holds only those
+    // and the awaiting-approval ones, and repeats its condition; a listing of applied rows
+    // reads the primary key in key order.
     match filter.status {
         Some(RecordStatus::Pending) => {
-            sql.push_str(" INDEXED BY operations_recoverable");
+            sql.push_str(" INDEXED BY operations_due");
+            clauses.push("(status = 'pending' OR status = 'awaiting_approval')");
             clauses.push("status = 'pending'");
         }
         Some(RecordStatus::Applied) => clauses.push("status = 'applied'"),
         Some(status) => {
+            // Named, because without statistics SQLite's estimate no longer favours it once
+            // the table has the generated column of migration 0005 (measured: a listing by
+            // tenant, status and tool then read the tenant's whole primary-key range, every
+            // applied row included, to find a few unknown ones). This index holds only the
+            // statuses listed here, so it is never the wrong one for them.
+            sql.push_str(" INDEXED BY operations_list_by_tenant");
             clauses.push("status <> 'pending' AND status <> 'applied'");
             clauses.push("status = ?");
             values.push(Value::Text(status.as_str().into()));
@@ -146,6 +153,11 @@ pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
     if let Some(tenant) = &filter.tenant {
         clauses.push("tenant = ?");
         values.push(Value::Text(tenant.clone()));
+    }
+    if let Some(environment) = &filter.environment {
+        // The generated column of migration 0005, computed from the key.
+        clauses.push("environment = ?");
+        values.push(Value::Text(environment.clone()));
     }
     if let Some(tool) = &filter.tool {
         clauses.push("tool = ?");
@@ -168,59 +180,53 @@ pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
     (sql, values)
 }
 
-// A released claim (no owner) may be taken over whatever its expiry says, and an accepted
-// job is polled while its lease is live. The partial index `operations_recoverable` holds
-// only the pending rows, so the scan is bounded by the operations in flight, not by the
-// table. It is named with INDEXED BY because a planner without statistics may prefer the
-// listing index on `status`, which cannot tell a handful of pending rows from millions.
-pub(crate) const RECOVERABLE: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM operations INDEXED BY operations_recoverable WHERE status = 'pending' \
-         AND (lease_expires_at <= ?1 OR lease_owner IS NULL OR dispatch = 'job') \
-         ORDER BY updated_at, key LIMIT ?2"
-);
-
-pub(crate) fn recoverable(
-    conn: &Connection,
-    now: Millis,
-    max: usize,
-) -> Result<Vec<Record>, Error> {
-    collect(
-        conn,
-        RECOVERABLE,
-        vec![Value::Integer(now), Value::Integer(limit(max))],
-        || format!("finding recoverable operations at {now}"),
-    )
+// The due scan reads the partial index `operations_due`, which holds only pending and
+// awaiting-approval rows (the few in flight), led by the environment and ordered by deadline
+// and key: one range of it from the cursor on, read in the answer's order, with no sort. The
+// index is named with INDEXED BY and its condition repeated word for word, because a planner
+// without statistics may prefer the listing index on `status`, which cannot tell a handful of
+// pending rows from millions of settled ones.
+macro_rules! due {
+    ($after:literal) => {
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM operations INDEXED BY operations_due \
+             WHERE (status = 'pending' OR status = 'awaiting_approval') \
+             AND environment = ?1 AND lease_expires_at <= ?2",
+            $after,
+            " ORDER BY lease_expires_at, key LIMIT ?3"
+        )
+    };
 }
 
-pub(crate) fn find_fingerprint(
-    conn: &Connection,
-    tenant: &str,
-    tool: &str,
-    fingerprint: &Fingerprint,
-    since: Millis,
-) -> Result<Option<OperationKey>, Error> {
-    // Of several matches, the earliest created (then the smallest key), so that the answer is
-    // the same on every run and in every store.
-    let what = || format!("looking up fingerprint {fingerprint} of {tool} in {tenant}");
-    let key: Option<String> = conn
-        .prepare_cached(
-            "SELECT key FROM operations \
-             WHERE tenant = ?1 AND tool = ?2 AND fingerprint = ?3 AND created_at >= ?4 \
-             AND intent_window \
-             ORDER BY created_at, key LIMIT 1",
+/// The first page of a due scan: `?1` the environment, `?2` now, `?3` the limit.
+pub(crate) const DUE: &str = due!("");
+/// A later page, strictly after the cursor `(?4, ?5)` in (deadline, key) order. A row value
+/// rather than `a > x OR (a = x AND b > y)`, because SQLite turns the row value into the lower
+/// bound of the index range, where the `OR` would only filter.
+pub(crate) const DUE_AFTER: &str = due!(" AND (lease_expires_at, key) > (?4, ?5)");
+
+pub(crate) fn due(conn: &Connection, query: &Due) -> Result<Vec<Record>, Error> {
+    let mut values = vec![
+        Value::Text(query.environment.clone()),
+        Value::Integer(query.now),
+        Value::Integer(limit(query.limit)),
+    ];
+    let sql = match &query.after {
+        None => DUE,
+        Some(cursor) => {
+            values.push(Value::Integer(cursor.due_at));
+            values.push(Value::Text(cursor.key.as_str().into()));
+            DUE_AFTER
+        }
+    };
+    collect(conn, sql, values, || {
+        format!(
+            "finding operations of {} due at {}",
+            query.environment, query.now
         )
-        .context(what)?
-        .query_row(params![tenant, tool, fingerprint.as_str(), since], |r| {
-            r.get(0)
-        })
-        .optional()
-        .context(what)?;
-    key.map(|k| {
-        OperationKey::parse(&k).map_err(|e| Error::Corrupt(format!("stored key `{k}`: {e}")))
     })
-    .transpose()
 }
 
 fn collect(

@@ -26,6 +26,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0004_fewer_index_writes",
         include_str!("../migrations/0004_fewer_index_writes.sql"),
     ),
+    (
+        "0005_scans_by_environment",
+        include_str!("../migrations/0005_scans_by_environment.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.
@@ -85,7 +89,8 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use idemgate_core::key::OperationKey;
-    use idemgate_core::record::{Event, EventKind};
+    use idemgate_core::record::{Event, EventKind, RecordState};
+    use idemgate_core::store::Due;
     use rusqlite::{Connection, params};
 
     use super::{MIGRATIONS, SCHEMA_VERSION, migrate};
@@ -164,5 +169,107 @@ mod tests {
             )
             .expect("the schema reads");
         assert_eq!(tables, 0, "the entries table is gone");
+    }
+
+    #[test]
+    fn awaiting_approvals_get_their_deadline_and_keys_their_environment() {
+        // A file as version 4 left it: an approval that expired by compaction at `expires_at`
+        // (no deadline of its own), a pending record, and records of another environment.
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for (_, sql) in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).expect("an old migration applies");
+        }
+        conn.pragma_update(None, "user_version", 4)
+            .expect("the version is set");
+        let rows = [
+            (
+                "acme:prod:wf:waiting",
+                "awaiting_approval",
+                None,
+                None,
+                5_000,
+            ),
+            (
+                "acme:prod:wf:pending",
+                "pending",
+                Some(4_000),
+                Some("not_sent"),
+                9_000,
+            ),
+            (
+                "acme:staging:wf:waiting",
+                "awaiting_approval",
+                None,
+                None,
+                1_000,
+            ),
+            ("zeta:prod:wf:done", "applied", None, None, 1_000),
+        ];
+        for (key, status, lease, dispatch, expires_at) in rows {
+            conn.execute(
+                "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
+                 canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, \
+                 effect_reference, actor, created_at, updated_at, expires_at, purge_at) \
+                 VALUES (substr(?1, 1, instr(?1, ':') - 1), ?1, 't', '1', ?6, 1, ?2, 1, 'w1', \
+                 ?3, ?4, CASE ?2 WHEN 'applied' THEN 'ref-1' END, 'a', 1, 1, ?5, ?5)",
+                params![
+                    key,
+                    status,
+                    lease,
+                    dispatch,
+                    expires_at,
+                    format!("sha256:{}", "0".repeat(64))
+                ],
+            )
+            .expect("a version-4 row");
+        }
+
+        migrate(&conn).expect("the file is brought up to date");
+
+        let environments: Vec<(String, String)> = conn
+            .prepare("SELECT key, environment FROM operations ORDER BY key")
+            .expect("the query prepares")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("the query runs")
+            .collect::<rusqlite::Result<_>>()
+            .expect("the rows read");
+        let expected = [
+            ("acme:prod:wf:pending", "prod"),
+            ("acme:prod:wf:waiting", "prod"),
+            ("acme:staging:wf:waiting", "staging"),
+            ("zeta:prod:wf:done", "prod"),
+        ];
+        assert_eq!(
+            environments,
+            expected.map(|(k, e)| (k.to_string(), e.to_string()))
+        );
+        let waiting = OperationKey::parse("acme:prod:wf:waiting").expect("a valid key");
+        let record = read::get(&conn, &waiting)
+            .expect("the record reads")
+            .expect("the record is there");
+        assert_eq!(record.state, RecordState::AwaitingApproval { until: 5_000 });
+        // The recoverer finds the approval at its deadline, in deadline order with the pending
+        // record, and only in its own environment.
+        let due = |environment: &str, now| {
+            read::due(
+                &conn,
+                &Due {
+                    environment: environment.into(),
+                    now,
+                    after: None,
+                    limit: 10,
+                },
+            )
+            .expect("the scan runs")
+            .into_iter()
+            .map(|r| r.key.to_string())
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(due("prod", 4_999), ["acme:prod:wf:pending"]);
+        assert_eq!(
+            due("prod", 5_000),
+            ["acme:prod:wf:pending", "acme:prod:wf:waiting"]
+        );
+        assert_eq!(due("staging", 5_000), ["acme:staging:wf:waiting"]);
     }
 }

@@ -99,6 +99,65 @@ pub(crate) fn claim(tx: &mut Tx<'_>, claim: &Claim) -> Result<Option<Row>, Error
     }
 }
 
+/// What a claim under a duplicate-intent window found.
+pub(crate) enum Guarded {
+    /// The claim inserted its row.
+    Inserted,
+    /// The key already had a record: this row, as stored. Boxed, being the rare answer and
+    /// far the largest.
+    Existing(Box<Row>),
+    /// Another key holds the same request, recently: nothing was inserted.
+    Duplicate(String),
+}
+
+/// The duplicate-intent check: the earliest record (then the smallest key) of the same tenant,
+/// tool and fingerprint, created at or after `?4`, claimed under a window, under another key
+/// than `?5`. It reads only `operations_fingerprint`, which holds only records claimed with the
+/// window (migration 0004), and repeats that index's condition.
+pub(crate) const DUPLICATE: &str = "SELECT key FROM operations \
+    INDEXED BY operations_fingerprint \
+    WHERE tenant = ?1 AND tool = ?2 AND fingerprint = ?3 AND created_at >= ?4 \
+    AND intent_window AND key <> ?5 \
+    ORDER BY created_at, key LIMIT 1";
+
+/// A claim that first checks for the same request under another key, as one command: the
+/// check and the insert run in one write transaction, which holds the file's write lock from
+/// `BEGIN IMMEDIATE` to its commit, so no writer of this process (they all go through this
+/// thread, one command after another) or of another process can insert a duplicate between
+/// them. A claim earlier in the same batch is seen by the check, being in the same transaction.
+pub(crate) fn claim_unless_duplicate(
+    tx: &mut Tx<'_>,
+    claim: &Claim,
+    since: Millis,
+) -> Result<Guarded, Error> {
+    let key = &claim.record.key;
+    let what = || format!("claiming {key} under a duplicate-intent window");
+    let r = &claim.row;
+    let duplicate: Option<String> = tx
+        .statement(DUPLICATE)
+        .context(what)?
+        .query_row(
+            params![r.tenant, r.tool, r.fingerprint, since, r.key],
+            |row| row.get(0),
+        )
+        .optional()
+        .context(what)?;
+    let Some(other) = duplicate else {
+        // No duplicate: an ordinary claim, decided by the unique key.
+        return Ok(match self::claim(tx, claim)? {
+            None => Guarded::Inserted,
+            Some(existing) => Guarded::Existing(Box::new(existing)),
+        });
+    };
+    // The key's own record comes first: a delivery of an operation that exists is answered by
+    // its record, whatever else holds the same request. The check above runs first only
+    // because, without a duplicate, the insert settles the key's existence by itself.
+    match read::row_of(tx.statement(read::GET).context(what)?, key)? {
+        Some(existing) => Ok(Guarded::Existing(Box::new(existing))),
+        None => Ok(Guarded::Duplicate(other)),
+    }
+}
+
 /// A compare-and-set made ready by the caller's task: its statement, the state columns it
 /// writes (from which the caller also rebuilds the row as written) and its other values.
 pub(crate) struct Update {
@@ -143,6 +202,13 @@ impl Update {
             sql.push_str(", fingerprint = ?");
             values.push(Value::Text(fingerprint.as_str().into()));
         }
+        // Retention counts from settlement: the transition that settles a record (or leaves a
+        // settled state) says when it expires, and only then are the columns written.
+        if let Some(expiry) = &t.expiry {
+            sql.push_str(", expires_at = ?, purge_at = ?");
+            values.push(Value::Integer(expiry.expires_at));
+            values.push(Value::Integer(expiry.purge_at));
+        }
         if !t.events.is_empty() {
             sql.push_str(", trace = trace || ?");
             values.push(Value::Text(trace::encode(&t.events)));
@@ -171,6 +237,12 @@ impl Update {
 }
 
 impl Update {
+    /// The statement's text, for the tests that read its program.
+    #[cfg(test)]
+    pub(crate) fn sql(&self) -> &str {
+        &self.sql
+    }
+
     /// The statement's parameters in order: the state columns, then the rest.
     fn params(&self) -> Vec<&dyn ToSql> {
         let s = &self.state;
@@ -194,8 +266,8 @@ impl Update {
 
 /// The columns a transition does not set, read back after it: with the update's own state
 /// columns they make the row as written. Reading only these halves what the writer thread
-/// decodes per transition; the request, approver and fingerprint are read even when the update
-/// set them, so that the rebuilt row never depends on which of them it set.
+/// decodes per transition; the request, approver, fingerprint and expiry are read even when
+/// the update set them, so that the rebuilt row never depends on which of them it set.
 const UNSET: &str = "SELECT tool, tool_version, fingerprint, canonicalization, actor, request, \
     approved_by, created_at, expires_at, purge_at, intent_window FROM operations \
     WHERE tenant = ?1 AND key = ?2";
@@ -308,18 +380,19 @@ pub(crate) fn append(tx: &mut Tx<'_>, key: &OperationKey, entries: &str) -> Resu
 }
 
 // Both sweep queries name their partial index (INDEXED BY) and repeat its WHERE clause, so they
-// read only the rows that are due: a planner without statistics would otherwise pick the listing
-// index on `status` and read every applied row there is.
+// read only the rows of the environment that are due: a planner without statistics would
+// otherwise pick the listing index on `status` and read every applied row there is. Each reads
+// its index in the order of the answer, (environment, time, key), and stops at the limit.
 pub(crate) const PURGEABLE: &str = "SELECT tenant, key FROM operations \
     INDEXED BY operations_purgeable WHERE status = 'tombstone' \
-    AND purge_at <= ?1 ORDER BY purge_at, key LIMIT ?2";
-pub(crate) const DUE: &str = "SELECT tenant, key, status, fence, effect_reference, error_code \
-    FROM operations INDEXED BY operations_expiring \
-    WHERE (status = 'applied' OR status = 'failed_permanent' OR status = 'awaiting_approval') \
-    AND expires_at <= ?1 ORDER BY expires_at, key LIMIT ?2";
+    AND environment = ?1 AND purge_at <= ?2 ORDER BY purge_at, key LIMIT ?3";
+pub(crate) const COMPACTABLE: &str = "SELECT tenant, key, status, fence, effect_reference, \
+    error_code FROM operations INDEXED BY operations_expiring \
+    WHERE (status = 'applied' OR status = 'failed_permanent') \
+    AND environment = ?1 AND expires_at <= ?2 ORDER BY expires_at, key LIMIT ?3";
 
 /// A record due for compaction: what the tombstone keeps, and what the update compares.
-struct Due {
+struct Compactable {
     tenant: String,
     key: String,
     status: String,
@@ -328,11 +401,16 @@ struct Due {
     code: Option<String>,
 }
 
-/// One retention sweep, by the rule in the `Store` trait's documentation.
-pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepReport, Error> {
+/// One retention sweep of `environment`, by the rule in the `Store` trait's documentation.
+pub(crate) fn sweep(
+    tx: &mut Tx<'_>,
+    environment: &str,
+    now: Millis,
+    max: usize,
+) -> Result<SweepReport, Error> {
     let conn = tx.conn;
     let mut report = SweepReport::default();
-    let what = || format!("sweeping at {now}");
+    let what = || format!("sweeping {environment} at {now}");
 
     // Purge first, so that a record compacted by this sweep keeps its tombstone at least until
     // the next one: a late arrival gets one sweep interval to meet the tombstone. Tombstones
@@ -340,7 +418,9 @@ pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepRep
     let gone: Vec<(String, String)> = {
         let mut stmt = conn.prepare_cached(PURGEABLE).context(what)?;
         let rows = stmt
-            .query_map(params![now, limit(max)], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(params![environment, now, limit(max)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
@@ -353,11 +433,11 @@ pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepRep
     }
 
     // Compaction.
-    let due: Vec<Due> = {
-        let mut stmt = conn.prepare_cached(DUE).context(what)?;
+    let due: Vec<Compactable> = {
+        let mut stmt = conn.prepare_cached(COMPACTABLE).context(what)?;
         let rows = stmt
-            .query_map(params![now, limit(max)], |r| {
-                Ok(Due {
+            .query_map(params![environment, now, limit(max)], |r| {
+                Ok(Compactable {
                     tenant: r.get(0)?,
                     key: r.get(1)?,
                     status: r.get(2)?,
@@ -369,7 +449,7 @@ pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepRep
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
-    for Due {
+    for Compactable {
         tenant,
         key,
         status,
@@ -381,29 +461,26 @@ pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, max: usize) -> Result<SweepRep
         let corrupt = |about: String| Error::Corrupt(format!("sweeping {key}: {about}"));
         let status =
             RecordStatus::parse(&status).ok_or_else(|| corrupt(format!("status `{status}`")))?;
-        let refusal = |code: &Option<String>| -> Result<ErrorCode, Error> {
-            code.as_deref()
-                .and_then(ErrorCode::parse)
-                .ok_or_else(|| corrupt(format!("refusal code {code:?}")))
-        };
-        // What a tombstone keeps: the effect's reference, or the refusal's code, so that a late
-        // arrival can still be answered by the contract's policy.
+        // What a tombstone keeps: what the record settled as — the effect's reference, or the
+        // refusal's code — so that a late arrival is answered by the contract's policy and never
+        // hears `replayed` for an effect that did not happen.
         let digest = match status {
-            RecordStatus::Applied => Digest {
-                reference,
-                refusal: None,
+            RecordStatus::Applied => Digest::Applied {
+                reference: reference
+                    .ok_or_else(|| corrupt("applied without an effect reference".into()))?,
             },
-            RecordStatus::FailedPermanent => Digest {
-                reference: None,
-                refusal: Some(refusal(&code)?),
-            },
-            RecordStatus::AwaitingApproval => Digest {
-                reference: None,
-                refusal: None,
+            RecordStatus::FailedPermanent => Digest::Refused {
+                code: code
+                    .as_deref()
+                    .and_then(ErrorCode::parse)
+                    .ok_or_else(|| corrupt(format!("refusal code {code:?}")))?,
             },
             // The query selects none of these; they are named so that a new status must be
             // considered here.
-            RecordStatus::Pending | RecordStatus::Unknown | RecordStatus::Tombstone => continue,
+            RecordStatus::Pending
+            | RecordStatus::AwaitingApproval
+            | RecordStatus::Unknown
+            | RecordStatus::Tombstone => continue,
         };
         let attempt = u64::try_from(fence).map_err(|_| corrupt(format!("fence {fence}")))?;
         let expired = trace::encode(&[Event::new(EventKind::Expired, now, attempt, SWEEPER)]);

@@ -53,13 +53,21 @@ cases!(
     request_update_keep_clear_set,
     approver_and_fingerprint_replacement,
     append_events_keeps_order,
+    transition_sets_expiry_only_when_given,
     list_filters_and_pages,
+    list_filters_by_environment,
     list_default_page,
-    recoverable_finds_expired_released_and_jobs,
-    find_fingerprint_respects_since,
+    due_finds_deadlines_passed_in_order,
+    due_pages_by_cursor_and_limit,
+    duplicate_intent_names_the_earliest_match,
+    duplicate_intent_inserts_nothing,
+    concurrent_duplicate_intents_insert_once,
     sweep_compacts_and_purges,
+    sweep_is_scoped_by_environment,
+    sweep_never_touches_unsettled_records,
     sweep_respects_limit,
     every_state_round_trips,
+    digests_round_trip,
 );
 
 /// The suite's own entry point, as other stores call it.
@@ -73,7 +81,10 @@ async fn whole_suite() {
         async move { store }
     })
     .await;
-    assert_eq!(dirs.lock().expect("no case panicked").len(), 16);
+    assert_eq!(
+        dirs.lock().expect("no case panicked").len(),
+        store_suite::CASES
+    );
 }
 
 #[tokio::test]

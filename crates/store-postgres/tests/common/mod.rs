@@ -99,10 +99,15 @@ pub fn unknown() -> RecordState {
     })
 }
 
+/// A tombstone of what a record settled as: an effect's reference, else a refusal's code,
+/// else nothing that ever ran.
 pub fn tombstone(reference: Option<&str>, refusal: Option<ErrorCode>) -> RecordState {
-    RecordState::Tombstone(Digest {
-        reference: reference.map(str::to_string),
-        refusal,
+    RecordState::Tombstone(match (reference, refusal) {
+        (Some(reference), _) => Digest::Applied {
+            reference: reference.into(),
+        },
+        (None, Some(code)) => Digest::Refused { code },
+        (None, None) => Digest::NeverRan,
     })
 }
 
@@ -124,6 +129,7 @@ pub fn step(current: &Record, next: RecordState, now: Millis, events: Vec<Event>
         request: RequestUpdate::Keep,
         approved_by: None,
         fingerprint: None,
+        expiry: None,
         events,
         now,
     }
@@ -145,6 +151,7 @@ pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
         request: RequestUpdate::Keep,
         approved_by: None,
         fingerprint: None,
+        expiry: None,
         events: vec![event(EventKind::Recovered, now, fence, worker)],
         now,
     }
