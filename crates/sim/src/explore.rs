@@ -36,14 +36,11 @@ pub fn store_for(seed: u64, sqlite_percent: u64) -> StoreKind {
 
 /// The stores a schedule can run on in this build.
 pub fn stores() -> Vec<StoreKind> {
-    if cfg!(feature = "sqlite") {
-        vec![StoreKind::Mem, StoreKind::Sqlite]
-    } else {
-        vec![StoreKind::Mem]
-    }
+    vec![StoreKind::Mem, StoreKind::Sqlite]
 }
 
-/// Runs one schedule from `choices` on a fresh store of `kind`.
+/// Runs one schedule from `choices` on a fresh store of `kind` (a SQLite store in a file of
+/// its own, removed afterwards).
 pub fn run(catalog: &Catalog, kind: StoreKind, choices: Choices, trace: bool) -> Run {
     match kind {
         StoreKind::Mem => world::run(catalog, Arc::new(MemStore::new()), choices, trace),
@@ -51,7 +48,6 @@ pub fn run(catalog: &Catalog, kind: StoreKind, choices: Choices, trace: bool) ->
     }
 }
 
-#[cfg(feature = "sqlite")]
 mod sqlite {
     use std::path::PathBuf;
     use std::sync::Arc;
@@ -99,23 +95,6 @@ mod sqlite {
         let run = world::run(catalog, Arc::new(store), choices, trace);
         drop(scratch);
         run
-    }
-}
-
-#[cfg(not(feature = "sqlite"))]
-mod sqlite {
-    use std::sync::Arc;
-
-    use idemgate_conformance::mem::MemStore;
-
-    use crate::choices::Choices;
-    use crate::workload::Catalog;
-    use crate::world::{self, Run};
-
-    /// Without the SQLite store in this build, its share of schedules runs on the reference
-    /// store.
-    pub fn run(catalog: &Catalog, choices: Choices, trace: bool) -> Run {
-        world::run(catalog, Arc::new(MemStore::new()), choices, trace)
     }
 }
 
