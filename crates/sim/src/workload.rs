@@ -127,7 +127,7 @@ pub fn contract_yaml(v: &Variant) -> String {
     }
     y.push_str("security:\n  recheck_authorization: true\n");
     if v.approval {
-        y.push_str("  approval: always\n  approval_window: 60s\n");
+        y.push_str("  approval: always\n  approval_window: 10m\n");
     }
     y.push_str(&format!(
         "retention:\n  record_ttl: {record_ttl}\n  tombstone_ttl: {tombstone_ttl}\n  \
@@ -135,7 +135,7 @@ pub fn contract_yaml(v: &Variant) -> String {
         late = v.late_arrival
     ));
     if v.intent_window {
-        y.push_str("duplicate_intent_window: 10m\n");
+        y.push_str("duplicate_intent_window: 1d\n");
     }
     y
 }

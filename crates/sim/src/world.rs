@@ -331,7 +331,7 @@ impl<S: Store> Schedule<'_, S> {
     fn deliver(&mut self) {
         let mut index = self.draw(self.workload.steps.len() as u64) as usize;
         if self.workload.may_duplicate()
-            && self.draw(25) == 24
+            && self.draw(10) == 9
             && let Some(dup) = self.workload.duplicate_of(index)
         {
             if let Some(k) = self.workload.steps[dup].key.clone() {
@@ -340,7 +340,13 @@ impl<S: Store> Schedule<'_, S> {
             }
             index = dup;
         }
-        let (arguments, how) = {
+        let (arguments, how) = if self.workload.steps[index].step.starts_with("dup") {
+            // The same intent under a new key: the same arguments.
+            (
+                self.workload.steps[index].arguments.clone(),
+                " (a new key for the same request)",
+            )
+        } else {
             let mut s = self.sim.lock();
             self.workload.arguments(&mut s.choices, index)
         };
@@ -422,7 +428,20 @@ impl<S: Store> Schedule<'_, S> {
 
     /// An operator acts on one key, deciding at the task's first step from what is true then.
     fn operate(&mut self) {
-        let index = self.draw(self.workload.steps.len() as u64) as usize;
+        // Mostly a key that has work for an operator (read outside the simulation, as an
+        // operator's console would list it); sometimes any key.
+        let open: Vec<usize> = (0..self.workload.steps.len())
+            .filter(|&i| {
+                let key = self.workload.steps[i].key.as_ref();
+                key.and_then(|k| self.store.peek(k))
+                    .is_some_and(|r| !r.is_settled())
+            })
+            .collect();
+        let index = if !open.is_empty() && self.draw(4) != 3 {
+            open[self.draw(open.len() as u64) as usize]
+        } else {
+            self.draw(self.workload.steps.len() as u64) as usize
+        };
         let step = self.workload.steps[index].clone();
         let Some(key) = step.key.clone() else {
             return;
