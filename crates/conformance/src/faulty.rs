@@ -407,6 +407,7 @@ mod tests {
                 fence: 1,
                 status: RecordStatus::Pending,
                 lease_expired_by: None,
+                dispatch: None,
             },
             next: RecordState::Applied(Receipt {
                 reference: "ticket_1".into(),

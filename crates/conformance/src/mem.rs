@@ -77,6 +77,11 @@ fn matches(record: &Record, expect: &Expect) -> bool {
     if record.fence != expect.fence || record.status() != expect.status {
         return false;
     }
+    if let Some(tag) = expect.dispatch
+        && record.pending_dispatch().map(|d| d.tag()) != Some(tag)
+    {
+        return false;
+    }
     match expect.lease_expired_by {
         None => true,
         // A takeover needs a lease that expired at or before the instant the executor judged
@@ -440,6 +445,7 @@ mod tests {
             fence,
             status,
             lease_expired_by,
+            dispatch: None,
         }
     }
 

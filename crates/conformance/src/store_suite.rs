@@ -183,6 +183,7 @@ pub fn step(from: &Record, next: RecordState, now: Millis) -> Transition {
             fence: from.fence,
             status: from.status(),
             lease_expired_by: None,
+            dispatch: None,
         },
         next,
         fence: from.fence,

@@ -33,6 +33,17 @@ pub enum Dispatch {
     Job { job_id: String },
 }
 
+impl Dispatch {
+    /// The value of the `dispatch` column.
+    pub fn tag(&self) -> &'static str {
+        match self {
+            Dispatch::NotSent => "not_sent",
+            Dispatch::Sent => "sent",
+            Dispatch::Job { .. } => "job",
+        }
+    }
+}
+
 /// The downstream's authoritative reference for an effect, and the replay-safe result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Receipt {
@@ -198,6 +209,18 @@ impl Record {
     pub fn lease(&self) -> Option<&Lease> {
         match &self.state {
             RecordState::Pending { lease, .. } => Some(lease),
+            RecordState::AwaitingApproval { .. }
+            | RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Unknown(_)
+            | RecordState::Tombstone(_) => None,
+        }
+    }
+
+    /// How far a pending record got towards the downstream; `None` for any other state.
+    pub fn pending_dispatch(&self) -> Option<&Dispatch> {
+        match &self.state {
+            RecordState::Pending { dispatch, .. } => Some(dispatch),
             RecordState::AwaitingApproval { .. }
             | RecordState::Applied(_)
             | RecordState::FailedPermanent(_)

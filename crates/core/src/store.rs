@@ -54,6 +54,10 @@ pub struct Expect {
     /// For a takeover: the lease must have expired at or before this instant, so a renewal
     /// that raced the takeover wins.
     pub lease_expired_by: Option<Millis>,
+    /// For a takeover: the dispatch column must still read this (`not_sent`, `sent`, `job`),
+    /// so a dispatch marker the owner wrote after the takeover's plan was made wins, and
+    /// "maybe sent" is never overwritten by "nothing sent".
+    pub dispatch: Option<&'static str>,
 }
 
 /// Whether a transition keeps, clears or replaces the stored request arguments.

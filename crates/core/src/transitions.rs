@@ -139,6 +139,7 @@ fn same_attempt(
             fence: record.fence,
             status: record.status(),
             lease_expired_by: None,
+            dispatch: None,
         },
         next,
         fence: record.fence,
@@ -169,6 +170,8 @@ fn new_attempt(record: &Record, next: RecordState, events: Vec<Event>, at: At<'_
             fence: record.fence,
             status: record.status(),
             lease_expired_by,
+            // A new attempt is planned from the dispatch it read: a marker written since wins.
+            dispatch: record.pending_dispatch().map(Dispatch::tag),
         },
         next,
         fence: record.fence + 1,
@@ -228,16 +231,33 @@ fn job_of(record: &Record) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // The owner's steps.
 
-/// The dispatch marker: durable before the first byte leaves.
-pub fn mark_sent(record: &Record, at: At<'_>) -> Transition {
-    let lease = record
-        .lease()
-        .cloned()
-        .unwrap_or_else(|| at.lease_until(at.now));
+/// Guards a step made on a pending record by somebody who does not hold its claim (the
+/// recoverer, another delivery, a poll) from the record as it was read: the dispatch must be
+/// unchanged — so a marker the owner wrote since wins, and "maybe sent" is never settled as
+/// "never sent" — and a worker's lease on a record not yet sent or maybe sent must have
+/// expired by `now`, so a renewal (or a marker) since wins. A job's lease is its next poll, not
+/// an owner's, so only the dispatch is compared.
+pub fn from_outside(mut t: Transition, record: &Record, at: At<'_>) -> Transition {
+    if let RecordState::Pending { lease, dispatch } = &record.state {
+        t.expect.dispatch = Some(dispatch.tag());
+        match dispatch {
+            Dispatch::NotSent | Dispatch::Sent if lease.owner.is_some() => {
+                t.expect.lease_expired_by = Some(at.now);
+            }
+            Dispatch::NotSent | Dispatch::Sent | Dispatch::Job { .. } => {}
+        }
+    }
+    t
+}
+
+/// The dispatch marker: durable before the first byte leaves. It renews the lease too, so a
+/// takeover planned from the record as it was before the marker (its lease about to expire)
+/// cannot match it any more.
+pub fn mark_sent(record: &Record, contract: &Contract, at: At<'_>) -> Transition {
     same_attempt(
         record,
         RecordState::Pending {
-            lease,
+            lease: at.lease(contract),
             dispatch: Dispatch::Sent,
         },
         RequestUpdate::Keep,
@@ -382,7 +402,7 @@ pub fn release(
 
 /// Still ambiguous: left to the recoverer, which looks again at `until` (a backoff, or the
 /// downstream's `Retry-After`). Maybe sent, so only a receipt or a deduplicated resend may
-/// settle it.
+/// settle it. Made by the claim's holder; from outside, wrap it in [`from_outside`].
 pub fn defer(
     record: &Record,
     until: Millis,
@@ -394,7 +414,7 @@ pub fn defer(
         Dispatch::NotSent | Dispatch::Sent => Dispatch::Sent,
         job @ Dispatch::Job { .. } => job,
     };
-    let mut t = same_attempt(
+    let t = same_attempt(
         record,
         RecordState::Pending {
             lease: at.lease_until(until),
@@ -408,14 +428,6 @@ pub fn defer(
         ),
         at,
     );
-    // The lease being pushed may be another worker's that expired: it must still be expired,
-    // so that a live owner's renewal wins.
-    if record
-        .lease()
-        .is_some_and(|l| l.owner.as_deref() != Some(at.worker))
-    {
-        t.expect.lease_expired_by = Some(at.now);
-    }
     t
 }
 
@@ -576,7 +588,8 @@ pub fn expire_approval(record: &Record, contract: &Contract, at: At<'_>) -> Tran
 }
 
 /// A claim that provably never sent anything and that nothing took up within the retry
-/// window: a tombstone that remembers it never ran.
+/// window: a tombstone that remembers it never ran. Made from outside the claim, so guarded by
+/// [`from_outside`]: a marker the owner wrote since the record was read wins.
 pub fn expire_unsent(record: &Record, contract: &Contract, at: At<'_>) -> Transition {
     let events = vec![
         at.event(EventKind::Expired, record.fence)
@@ -595,7 +608,7 @@ pub fn expire_unsent(record: &Record, contract: &Contract, at: At<'_>) -> Transi
             .now
             .saturating_add(contract.retention.tombstone_ttl.millis()),
     });
-    t
+    from_outside(t, record, at)
 }
 
 /// An operator resolves `applied` with the reference and result they found.

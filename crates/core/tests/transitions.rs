@@ -108,11 +108,15 @@ fn show(t: &Transition) -> String {
         ),
     };
     let expect = format!(
-        "{}{}",
+        "{}{}{}",
         t.expect.status.as_str(),
         match t.expect.lease_expired_by {
             Some(_) => ", lease expired",
             None => "",
+        },
+        match t.expect.dispatch {
+            Some(d) => format!(", {d}"),
+            None => String::new(),
         }
     );
     let events: Vec<&str> = t.events.iter().map(|e| e.kind.as_str()).collect();
@@ -168,8 +172,8 @@ fn every_transition_as_data() {
         // The owner's steps: the same attempt.
         (
             "mark_sent",
-            transitions::mark_sent(&mine, AT),
-            "pending(w2@+0s, sent) | fence 1→1 | expect pending | request kept | expiry - | events sent",
+            transitions::mark_sent(&mine, &c, AT),
+            "pending(w2@+30s, sent) | fence 1→1 | expect pending | request kept | expiry - | events sent",
         ),
         (
             "renew",
@@ -207,9 +211,22 @@ fn every_transition_as_data() {
             "pending(w2@+60s, sent) | fence 3→3 | expect pending | request kept | expiry - | events in_flight",
         ),
         (
-            "defer (another's)",
-            transitions::defer(&theirs, NOW + 60_000, "lookup down", None, AT),
-            "pending(w2@+60s, sent) | fence 3→3 | expect pending, lease expired | request kept | expiry - | events in_flight",
+            "defer, from outside",
+            transitions::from_outside(
+                transitions::defer(&theirs, NOW + 60_000, "lookup down", None, AT),
+                &theirs,
+                AT,
+            ),
+            "pending(w2@+60s, sent) | fence 3→3 | expect pending, lease expired, sent | request kept | expiry - | events in_flight",
+        ),
+        (
+            "mark_unknown, from outside",
+            transitions::from_outside(
+                transitions::mark_unknown(&theirs, "no receipt", None, None, AT),
+                &theirs,
+                AT,
+            ),
+            "unknown(no receipt) | fence 3→3 | expect pending, lease expired, sent | request kept | expiry - | events unknown",
         ),
         (
             "mark_unknown",
@@ -235,12 +252,12 @@ fn every_transition_as_data() {
         (
             "take_over (expired)",
             transitions::take_over(&theirs, &c, None, AT),
-            "pending(w2@+30s, sent) | fence 3→4 | expect pending, lease expired | request kept | expiry - | events recovered",
+            "pending(w2@+30s, sent) | fence 3→4 | expect pending, lease expired, sent | request kept | expiry - | events recovered",
         ),
         (
             "take_over (released)",
             transitions::take_over(&released, &c, Some(&json!({"other": 1})), AT),
-            "pending(w2@+30s, not_sent) | fence 2→3 | expect pending | request kept | expiry - | events recovered",
+            "pending(w2@+30s, not_sent) | fence 2→3 | expect pending, not_sent | request kept | expiry - | events recovered",
         ),
         (
             "approve",
@@ -266,7 +283,7 @@ fn every_transition_as_data() {
         (
             "expire_unsent",
             transitions::expire_unsent(&released, &c, AT),
-            "tombstone(NeverRan) | fence 2→2 | expect pending | request dropped | expiry +0h/+720h | events expired",
+            "tombstone(NeverRan) | fence 2→2 | expect pending, not_sent | request dropped | expiry +0h/+720h | events expired",
         ),
         (
             "resolve_applied",

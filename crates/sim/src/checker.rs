@@ -202,7 +202,10 @@ fn label(h: &History, a: &Answer) -> Result<(), Violation> {
 }
 
 /// Invariant 3: `rejected` with `safe_to_repeat: true` only for a key with no effect from a send that
-/// started before the answer (in the key's current life).
+/// started before the answering task last read the key's record (in the key's current life). The
+/// read is where the answer's knowledge comes from — its linearization point: a send that
+/// started after it belongs to an operation that came later. An answer given without any read
+/// of the key counts from the answer itself.
 fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
     let o = &a.outcome;
     if o.status != Status::Rejected || !o.safe_to_repeat {
@@ -213,6 +216,7 @@ fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
         return Ok(());
     };
     let life = h.life_start(key, a.step);
+    let known = h.last_read(a.task, key, a.step).unwrap_or(a.step);
     let unread = matches!(
         o.error_code(),
         Some(
@@ -224,7 +228,7 @@ fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
     if let Some(e) = h
         .ledger
         .effects_of(key)
-        .find(|e| e.sent_at >= life && e.sent_at < a.step)
+        .find(|e| e.sent_at >= life && e.sent_at < known)
     {
         return violation(
             if unread { SAFE_UNREAD } else { SAFE_TO_REPEAT },
@@ -313,13 +317,38 @@ fn authorized(h: &History, p: &Perform) -> Result<(), Violation> {
     Ok(())
 }
 
+fn owned_by(record: &idemgate_core::record::Record, p: &Perform) -> bool {
+    match &record.state {
+        RecordState::Pending { lease, .. } => {
+            record.fence == p.attempt && lease.owner.as_deref() == Some(p.worker.as_str())
+        }
+        RecordState::AwaitingApproval { .. }
+        | RecordState::Applied(_)
+        | RecordState::FailedPermanent(_)
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => false,
+    }
+}
+
 fn fenced(p: &Perform) -> Result<(), Violation> {
     {
         if p.keyless {
             return Ok(());
         }
         // 5. At the send's start the stored record is pending under this attempt, owned by
-        // the sender.
+        // the sender — or the send is a stale one that cannot harm: no lease can stop a worker
+        // paused past its lease from sending (DESIGN §3: a lease "never proves that the old
+        // owner did not reach the downstream"), so what is checked is that such a send can
+        // make no second effect and no dishonest record. To a downstream that deduplicates on
+        // the key it is absorbed; to one that does not, the owner wrote the marker first, so
+        // the only record it may meet is its own attempt given up on as `unknown`.
+        if let Some(record) = &p.record
+            && !owned_by(record, p)
+            && (!p.needs_marker
+                || (matches!(record.state, RecordState::Unknown(_)) && record.fence == p.attempt))
+        {
+            return Ok(());
+        }
         let Some(record) = &p.record else {
             return violation(
                 FENCED,

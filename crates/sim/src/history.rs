@@ -183,10 +183,24 @@ pub struct History {
     pub early_sweeps: Vec<String>,
     /// Actors whose authorization is revoked right now (the oracle's state).
     pub revoked: BTreeSet<String>,
+    /// The steps at which each task read each key's record from the store (a get, or the
+    /// record a claim or a transition answered with): where a rejection's knowledge of the key
+    /// comes from.
+    pub reads: BTreeMap<(TaskId, OperationKey), Vec<u64>>,
     seq: u64,
 }
 
 impl History {
+    /// The last step at or before `step` at which `task` read `key`'s record.
+    pub fn last_read(&self, task: TaskId, key: &OperationKey, step: u64) -> Option<u64> {
+        self.reads
+            .get(&(task, key.clone()))?
+            .iter()
+            .copied()
+            .filter(|s| *s <= step)
+            .max()
+    }
+
     pub fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq

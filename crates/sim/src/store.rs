@@ -236,11 +236,26 @@ impl<S: Store> SimStore<S> {
     }
 }
 
+impl<S: Store> SimStore<S> {
+    /// Notes that the running task has just read `key`'s record.
+    fn read_by_task(&self, key: &OperationKey) {
+        let mut s = self.sim.lock();
+        let step = s.step;
+        let task = crate::runtime::current().map_or(0, |c| c.task);
+        s.history
+            .reads
+            .entry((task, key.clone()))
+            .or_default()
+            .push(step);
+    }
+}
+
 impl<S: Store> Store for SimStore<S> {
     fn get<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Result<Option<Record>, Error>> {
         Box::pin(async move {
             self.before_read("get").await?;
             let found = block_on(self.inner.get(key))?;
+            self.read_by_task(key);
             self.sim.lock().note(|| match &found {
                 Some(r) => format!("store.get {key}: {} fence {}", brief(&r.state), r.fence),
                 None => format!("store.get {key}: none"),
@@ -254,6 +269,7 @@ impl<S: Store> Store for SimStore<S> {
             self.before_write("claim").await?;
             let key = record.key.clone();
             let claimed = block_on(self.inner.claim(record, events))?;
+            self.read_by_task(&key);
             self.noted_claim(&claimed, &key);
             self.after_write("claim", claimed).await
         })
@@ -269,6 +285,7 @@ impl<S: Store> Store for SimStore<S> {
             self.before_write("claim").await?;
             let key = record.key.clone();
             let claimed = block_on(self.inner.claim_unless_duplicate(record, events, since))?;
+            self.read_by_task(&key);
             self.noted_claim(&claimed, &key);
             self.after_write("claim", claimed).await
         })
@@ -281,7 +298,27 @@ impl<S: Store> Store for SimStore<S> {
             let from = transition.expect.status;
             let expected = transition.expect.fence;
             let stamped = transition.now;
+            // Operators are truthful at the moment they confirm, not only when they start: a
+            // `not_applied` the ledger contradicts by now (an effect committed or on its way
+            // since the operator looked) is withdrawn, as a person re-reading the downstream
+            // before confirming would. Nothing is written.
+            let withdrawn = transition.events.iter().any(|e| {
+                e.kind == idemgate_core::record::EventKind::Reconciled
+                    && e.detail.as_deref().is_some_and(|d| d.starts_with("not applied"))
+            }) && {
+                let s = self.sim.lock();
+                s.history.ledger.committed(&key).is_some() || s.history.ledger.in_flight(&key)
+            };
+            if withdrawn {
+                self.sim
+                    .lock()
+                    .note(|| format!("operator withdrew not_applied for {key}: the ledger has an effect"));
+                return Err(Error::Unavailable(
+                    "simulated: the operator withdrew a resolution the downstream contradicts".into(),
+                ));
+            }
             let cas = block_on(self.inner.transition(transition))?;
+            self.read_by_task(&key);
             {
                 let mut s = self.sim.lock();
                 if let Cas::Done(r) = &cas {

@@ -451,6 +451,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let expect_fence: Vec<i64> = ts.iter().map(|t| t.expect.fence as i64).collect();
     let expect_status: Vec<&str> = ts.iter().map(|t| t.expect.status.as_str()).collect();
     let expired_by: Vec<Option<i64>> = ts.iter().map(|t| t.expect.lease_expired_by).collect();
+    let expect_dispatch: Vec<Option<&str>> = ts.iter().map(|t| t.expect.dispatch).collect();
     let status: Vec<&String> = next.iter().map(|r| &r.status).collect();
     let fence: Vec<i64> = ts.iter().map(|t| t.fence as i64).collect();
     let opt = |f: fn(&Row) -> &Option<String>| next.iter().map(f).collect::<Vec<_>>();
@@ -473,7 +474,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let (expires_at, purge_at): (Vec<Option<i64>>, Vec<Option<i64>>) =
         ts.iter().map(|t| expiry_columns(t.expiry)).unzip();
     let ev = BatchEvents::of(ts.iter().map(|t| t.events.as_slice()));
-    let params: [&(dyn ToSql + Sync); 28] = [
+    let params: [&(dyn ToSql + Sync); 29] = [
         &tenant,
         &key,
         &expect_fence,
@@ -502,6 +503,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         &ev.columns.detail,
         &expires_at,
         &purge_at,
+        &expect_dispatch,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {

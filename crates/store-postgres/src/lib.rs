@@ -367,6 +367,7 @@ impl PgStore {
                     &ev.detail,
                     &expires_at,
                     &purge_at,
+                    &t.expect.dispatch,
                 ],
             )
             .await?;

@@ -146,6 +146,7 @@ pub(crate) const TRANSITION: &str = concat!(
             updated_at = $20
         WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4
           AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
+          AND ($28::text IS NULL OR dispatch = $28::text)
         RETURNING ",
     columns!(),
     "
@@ -254,6 +255,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
         WHERE tenant = {tenant} AND key = {key} AND fence = {expect_fence}
           AND status = {expect_status}
           AND ({expired_by} IS NULL OR lease_expires_at <= {expired_by})
+          AND ({expect_dispatch} IS NULL OR dispatch = {expect_dispatch})
         RETURNING {n}::bigint AS ord, {columns}
     ), ",
             tenant = at(1, "text"),
@@ -278,6 +280,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             now = at(20, "bigint"),
             expires_at = at(27, "bigint"),
             purge_at = at(28, "bigint"),
+            expect_dispatch = at(29, "text"),
             columns = columns!(),
         ));
     }

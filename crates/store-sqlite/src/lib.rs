@@ -425,6 +425,7 @@ mod tests {
                 fence: 1,
                 status: RecordStatus::Pending,
                 lease_expired_by: None,
+                dispatch: None,
             },
             next: pending.clone(),
             fence: 1,

@@ -234,6 +234,10 @@ impl Update {
             sql.push_str(" AND lease_expires_at <= ?");
             values.push(Value::Integer(by));
         }
+        if let Some(dispatch) = t.expect.dispatch {
+            sql.push_str(" AND dispatch = ?");
+            values.push(Value::Text(dispatch.into()));
+        }
         Update {
             key: t.key.clone(),
             sql,

@@ -58,11 +58,10 @@ impl Executor {
         // check of the arguments all come before any write.
         if let Err(e) = contract.validate(arguments) {
             let key = operation.key().ok().flatten();
-            return self.observe(
-                tool,
-                None,
-                Outcome::rejected(key, ErrorCode::InvalidArguments, e.message),
-            );
+            let o = self
+                .refused_before_reading(key, ErrorCode::InvalidArguments, e.message)
+                .await;
+            return self.observe(tool, None, o);
         }
         let key = match operation.key() {
             Ok(key) => key,
@@ -88,19 +87,17 @@ impl Executor {
         let fingerprint = match contract.fingerprint(arguments) {
             Ok(fp) => fp,
             Err(e) => {
-                return self.observe(
-                    tool,
-                    None,
-                    Outcome::rejected(key, ErrorCode::InvalidArguments, e.message),
-                );
+                let o = self
+                    .refused_before_reading(key, ErrorCode::InvalidArguments, e.message)
+                    .await;
+                return self.observe(tool, None, o);
             }
         };
         if let Err(message) = effect.check(arguments) {
-            return self.observe(
-                tool,
-                Some(&fingerprint),
-                Outcome::rejected(key, ErrorCode::InvalidArguments, message),
-            );
+            let o = self
+                .refused_before_reading(key, ErrorCode::InvalidArguments, message)
+                .await;
+            return self.observe(tool, Some(&fingerprint), o);
         }
         let outcome = match (contract.effect_class, key) {
             (EffectClass::NonIdempotent, key) => Outcome::rejected(
@@ -129,6 +126,25 @@ impl Executor {
             }
         };
         self.observe(tool, Some(&fingerprint), outcome)
+    }
+
+    /// A delivery refused before its key's record was read (invalid arguments): whether the
+    /// refusal may say `safe_to_repeat` depends on what the key already holds, so it is read —
+    /// only on this path, and never written.
+    async fn refused_before_reading(
+        &self,
+        key: Option<OperationKey>,
+        code: ErrorCode,
+        message: String,
+    ) -> Outcome {
+        let Some(key) = key else {
+            return Outcome::rejected(None, code, message);
+        };
+        match self.store.get(&key).await {
+            Ok(None) => Outcome::rejected(Some(key), code, message),
+            Ok(Some(record)) => machine::rejected_for(&record, code, message),
+            Err(_) => Outcome::rejected_after_effect(Some(key), code, message),
+        }
     }
 
     /// Reads and key-less natural-idempotent updates: no claim and no record; repeating them is

@@ -190,14 +190,18 @@ impl Executor {
     }
 }
 
-/// The store could not be reached before anything was sent.
+/// The store could not be reached; this delivery sent nothing. Retryable under the same key,
+/// but not `safe_to_repeat`: what the key's record holds could not be read, so nothing proves
+/// that it had no effect.
 fn store_down(key: Option<OperationKey>, e: &store::Error) -> Outcome {
     tracing::warn!(error = %e, "store error");
-    Outcome::rejected(
+    let mut o = Outcome::rejected_after_effect(
         key,
         ErrorCode::StoreUnavailable,
-        "the operation store is unavailable; nothing was sent; retry later",
-    )
+        "the operation store is unavailable; this delivery sent nothing; retry later under the same key",
+    );
+    o.retry_after_seconds = Some(1);
+    o
 }
 
 /// The effect happened but its record could not be written: say so, with the reference.

@@ -138,8 +138,9 @@ impl Executor {
             Err(refused) => {
                 // Nothing was sent: the claim is released, and only a new delivery (authorized
                 // afresh) may run it again.
-                self.release(contract, claim, &refused.reason(), None).await;
-                refused.outcome(Some(key.clone()), false)
+                let answer = refused.outcome(Some(key.clone()), false);
+                self.release(contract, claim, &refused.reason(), None, answer)
+                    .await
             }
         };
         Ok(self.observe(&contract.name, Some(&record.fingerprint), outcome))
@@ -212,13 +213,35 @@ impl Executor {
                     }
                 }
             }
-            Some(Resolution::Applied { reference, result }) => transitions::resolve_applied(
-                &record,
-                contract,
-                Receipt { reference, result },
-                actor,
-                at,
-            ),
+            Some(Resolution::Applied { reference, result }) => {
+                // A worker holding a live lease may be sending right now: what the operator saw
+                // may not be this attempt's effect. Wait for the lease (a job's lease is only
+                // its next poll, so a job may be resolved at any time).
+                if let RecordState::Pending {
+                    lease,
+                    dispatch: Dispatch::NotSent | Dispatch::Sent,
+                } = &record.state
+                    && lease.owner.is_some()
+                    && lease.expires_at > at.now
+                {
+                    return Err(ActionError::WrongState {
+                        key: key.clone(),
+                        status: "in flight (a worker's lease is live; it may be sending now)",
+                        action: "resolved applied",
+                    });
+                }
+                transitions::from_outside(
+                    transitions::resolve_applied(
+                        &record,
+                        contract,
+                        Receipt { reference, result },
+                        actor,
+                        at,
+                    ),
+                    &record,
+                    at,
+                )
+            }
             Some(Resolution::NotApplied) => match &record.state {
                 RecordState::Unknown(_) => {
                     transitions::resolve_not_applied(&record, contract, actor, at)
@@ -235,16 +258,39 @@ impl Executor {
                             action: "resolved not applied",
                         });
                     }
-                    (Dispatch::NotSent | Dispatch::Sent, Some(_)) if lease.expires_at > at.now => {
+                    // Maybe sent: a late answer, a receipt or a deduplicated resend may still
+                    // settle it, and a worker paused past its lease may still send. Recovery
+                    // ends it `unknown` when nothing can; the operator resolves it then.
+                    (Dispatch::Sent, _) => {
+                        return Err(ActionError::WrongState {
+                            key: key.clone(),
+                            status: "pending and maybe sent (recovery settles it, or ends it unknown)",
+                            action: "resolved not applied",
+                        });
+                    }
+                    // Without the dispatch marker, "not sent" on a worker's claim proves nothing:
+                    // it may have sent before it stopped (or be paused, about to).
+                    (Dispatch::NotSent, Some(_)) if !contract.uses_dispatch_marker() => {
+                        return Err(ActionError::WrongState {
+                            key: key.clone(),
+                            status: "pending and maybe sent (no dispatch marker; recovery settles it, or ends it unknown)",
+                            action: "resolved not applied",
+                        });
+                    }
+                    (Dispatch::NotSent, Some(_)) if lease.expires_at > at.now => {
                         return Err(ActionError::WrongState {
                             key: key.clone(),
                             status: "in flight (a worker's lease is live; it may be sending now)",
                             action: "resolved not applied",
                         });
                     }
-                    (Dispatch::NotSent | Dispatch::Sent, _) => {
-                        transitions::resolve_not_applied(&record, contract, actor, at)
-                    }
+                    // Guarded like any step from outside the claim: a worker that renewed its
+                    // lease (or wrote its marker) since the record was read wins.
+                    (Dispatch::NotSent, _) => transitions::from_outside(
+                        transitions::resolve_not_applied(&record, contract, actor, at),
+                        &record,
+                        at,
+                    ),
                 },
                 RecordState::AwaitingApproval { .. } => {
                     return Err(ActionError::WrongState {

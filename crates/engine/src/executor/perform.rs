@@ -110,7 +110,7 @@ impl Executor {
         if unsent && contract.uses_dispatch_marker() {
             // The dispatch marker: durable before the first byte leaves, so that recovery can
             // tell "never sent" (take over and execute) from "maybe sent" (receipt or unknown).
-            let t = transitions::mark_sent(claim.record(), self.at());
+            let t = transitions::mark_sent(claim.record(), contract, self.at());
             match self.store.transition(t).await {
                 Ok(Cas::Done(r)) => claim.replace(r),
                 Ok(Cas::Lost(now)) => {
@@ -119,14 +119,16 @@ impl Executor {
                 }
                 Err(e) => {
                     // Nothing left this process: release the claim so a new delivery may run.
-                    self.release(
-                        contract,
-                        claim,
-                        "the dispatch marker could not be written",
-                        None,
-                    )
-                    .await;
-                    return store_down(Some(key), &e);
+                    let down = store_down(Some(key), &e);
+                    return self
+                        .release(
+                            contract,
+                            claim,
+                            "the dispatch marker could not be written",
+                            None,
+                            down,
+                        )
+                        .await;
                 }
             }
         } else {
@@ -142,6 +144,13 @@ impl Executor {
                     .mark_unknown(claim, "no authorization for a resend", None, sent)
                     .await;
             };
+            // Never send on a lease that is running out: renewing it first proves the claim is
+            // still this worker's (a takeover would have grown the fence), and keeps recovery
+            // from starting while the request travels.
+            if let Err(lost) = self.keep_lease(contract, &mut claim).await {
+                drop(claim.finish());
+                return lost;
+            }
             let answer = self.send(contract, &mut claim, allowed, effect).await;
             match machine::after_effect(contract, answer, prior) {
                 AfterEffect::Apply(receipt) => {
@@ -174,12 +183,11 @@ impl Executor {
                     reason,
                     retry_after,
                 } => {
-                    self.release(contract, claim, &reason, sent).await;
-                    let mut o = Outcome::rejected(Some(key), code, reason);
+                    let mut o = Outcome::rejected(Some(key), code, reason.clone());
                     if let Some(s) = retry_after {
                         o = o.with_retry_after(s);
                     }
-                    return o;
+                    return self.release(contract, claim, &reason, sent, o).await;
                 }
                 AfterEffect::Unproven(reason) => {
                     tracing::warn!(
@@ -253,6 +261,51 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// Renews the claim's lease when less than half of it is left. `Err` with the answer to
+    /// give when the claim may no longer be this worker's (nothing may be sent then).
+    async fn keep_lease(&self, contract: &Contract, claim: &mut Claim) -> Result<(), Outcome> {
+        let now = self.now();
+        let left = claim
+            .record()
+            .lease()
+            .map_or(0, |l| l.expires_at.saturating_sub(now));
+        if left > contract.lease.millis() / 2 {
+            return Ok(());
+        }
+        // A renewal stamped before a long pause may land already expired: then it proves the
+        // claim was still this worker's, but not that nobody may take it now. Renew again, a
+        // few times at most.
+        for _ in 0..3 {
+            let t = transitions::renew(claim.record(), contract, self.at());
+            match self.store.transition(t).await {
+                Ok(Cas::Done(r)) => {
+                    let live = r
+                        .lease()
+                        .is_some_and(|l| l.expires_at > self.now());
+                    claim.replace(r);
+                    if live {
+                        return Ok(());
+                    }
+                }
+                Ok(Cas::Lost(now)) => {
+                    return Err(self.settled_elsewhere(contract, claim.key().clone(), now));
+                }
+            // Whether the renewal committed cannot be told now, nor whether somebody took the
+            // claim over: nothing is sent. The lease expires and recovery settles it by the
+            // marker, a receipt or a deduplicated resend.
+                Err(e) => {
+                    tracing::warn!(operation_key = claim.key().as_str(), error = %e, "lease could not be renewed before a send");
+                    break;
+                }
+            }
+        }
+        Err(Outcome::in_flight(
+            claim.key().clone(),
+            NextAction::Poll,
+            contract.lease.seconds(),
+        ))
     }
 
     /// The one place an effect is sent for a claim: the proof is consumed, the claimed request
@@ -475,19 +528,29 @@ impl Executor {
 
     /// Releases a claim after a provable non-delivery: no owner, nothing sent. Only a new
     /// delivery takes it up again.
+    ///
+    /// `answer` is what the caller hears when the release is written (or fails to be: the
+    /// lease then expires, and recovery reaches the same state by the marker, or by a lookup
+    /// or a deduplicated resend — never blindly). When the record moved meanwhile (the claim
+    /// was taken over while this attempt ran), the answer comes from the record as it is now:
+    /// this attempt's "nothing happened" no longer speaks for the key.
     pub(crate) async fn release(
         &self,
         contract: &Contract,
         claim: Claim,
         reason: &str,
         sent: Option<Event>,
-    ) {
+        answer: Outcome,
+    ) -> Outcome {
         let record = claim.finish();
         let t = transitions::release(&record, contract, reason, sent, self.at());
-        if let Err(e) = self.store.transition(t).await {
-            // The lease will expire instead; recovery reaches the same state by the marker, or
-            // by a lookup or a deduplicated resend — never blindly.
-            tracing::warn!(operation_key = record.key.as_str(), error = %e, "release failed");
+        match self.store.transition(t).await {
+            Ok(Cas::Done(_)) => answer,
+            Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, record.key.clone(), now),
+            Err(e) => {
+                tracing::warn!(operation_key = record.key.as_str(), error = %e, "release failed");
+                answer
+            }
         }
     }
 
@@ -518,11 +581,12 @@ impl Executor {
         sent: Option<Event>,
     ) -> Outcome {
         let record = claim.finish();
-        self.mark_record_unknown(&record, reason, reference, sent)
-            .await
+        let t = transitions::mark_unknown(&record, reason, reference.clone(), sent, self.at());
+        self.write_unknown(&record, t, reason, reference).await
     }
 
-    /// `unknown` for a record this worker does not own (a recovery that cannot prove anything).
+    /// `unknown` for a record this worker does not hold the claim of (a recovery or a poll
+    /// that cannot prove anything), guarded against what changed since it was read.
     pub(crate) async fn mark_record_unknown(
         &self,
         record: &Record,
@@ -530,8 +594,20 @@ impl Executor {
         reference: Option<String>,
         sent: Option<Event>,
     ) -> Outcome {
+        let at = self.at();
+        let t = transitions::mark_unknown(record, reason, reference.clone(), sent, at);
+        let t = transitions::from_outside(t, record, at);
+        self.write_unknown(record, t, reason, reference).await
+    }
+
+    async fn write_unknown(
+        &self,
+        record: &Record,
+        t: Transition,
+        reason: &str,
+        reference: Option<String>,
+    ) -> Outcome {
         let key = record.key.clone();
-        let t = transitions::mark_unknown(record, reason, reference.clone(), sent, self.at());
         match self.store.transition(t).await {
             Ok(Cas::Done(_)) => Outcome::unknown(key, reason).with_reference(reference),
             Ok(Cas::Lost(Some(r))) => machine::status_outcome(None, &r, self.now()),

@@ -110,8 +110,9 @@ impl Executor {
                 // Nothing was sent: hand the claim back. Only a new delivery, authorized
                 // afresh, runs it again.
                 Prior::Clean => {
-                    self.release(contract, claim, &refused.reason(), None).await;
-                    refused.outcome(Some(key), false)
+                    let answer = refused.outcome(Some(key), false);
+                    self.release(contract, claim, &refused.reason(), None, answer)
+                        .await
                 }
                 // An earlier attempt may have committed, and no resend may go out for this
                 // actor: only an operator can settle it.
@@ -148,7 +149,12 @@ impl Executor {
         let until = self
             .now()
             .saturating_add(backoff(contract, record.fence, retry_after));
-        let t = transitions::defer(record, until, reason, None, self.at());
+        let at = self.at();
+        let t = transitions::from_outside(
+            transitions::defer(record, until, reason, None, at),
+            record,
+            at,
+        );
         match self.store.transition(t).await {
             Ok(Cas::Done(_)) | Err(_) => {
                 let seconds = ((until - self.now()).max(0) + 999) / 1000;
