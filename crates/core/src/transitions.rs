@@ -414,7 +414,7 @@ pub fn defer(
         Dispatch::NotSent | Dispatch::Sent => Dispatch::Sent,
         job @ Dispatch::Job { .. } => job,
     };
-    let t = same_attempt(
+    same_attempt(
         record,
         RecordState::Pending {
             lease: at.lease_until(until),
@@ -427,8 +427,7 @@ pub fn defer(
                 .with_detail(format!("left to recovery: {reason}"))],
         ),
         at,
-    );
-    t
+    )
 }
 
 /// The outcome cannot be proved: `unknown`, to reconciliation. The request is kept for an

@@ -491,3 +491,33 @@ async fn mcp_bodies_keep_the_api_body_bound() {
     assert_eq!(outcome(&answer)["status"], "applied", "{answer}");
     gate.stop().await;
 }
+
+/// The status tool hands out a stored result like a replay: a revoked caller is refused, and
+/// hears nothing of the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_tool_rechecks_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fakes, gateway) = world(dir.path());
+    let gate = Gate::start(gateway.build()).await;
+    let first = mcp(
+        gate.addr,
+        AGENT,
+        &tools_call(1, "tickets_create", ticket(), Some(("run_r", "s"))),
+    )
+    .await;
+    assert_eq!(outcome(&first)["status"], "applied", "{first}");
+    let reference = outcome(&first)["effect_reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fakes.hook.set(idemgate_core::effect::Authorization::Denied(
+        "revoked".into(),
+    ));
+    let read = mcp(gate.addr, AGENT, &status_call(2, "acme:test:run_r:s")).await;
+    assert_eq!(read["result"]["isError"], true, "{read}");
+    assert_eq!(outcome(&read)["error"]["code"], "forbidden", "{read}");
+    assert!(outcome(&read)["result"].is_null());
+    assert!(!read.to_string().contains(&reference), "{read}");
+    assert_eq!(fakes.fake("tickets.create").effects(), 1);
+    gate.stop().await;
+}

@@ -304,17 +304,20 @@ impl<S: Store> Store for SimStore<S> {
             // before confirming would. Nothing is written.
             let withdrawn = transition.events.iter().any(|e| {
                 e.kind == idemgate_core::record::EventKind::Reconciled
-                    && e.detail.as_deref().is_some_and(|d| d.starts_with("not applied"))
+                    && e.detail
+                        .as_deref()
+                        .is_some_and(|d| d.starts_with("not applied"))
             }) && {
                 let s = self.sim.lock();
                 s.history.ledger.committed(&key).is_some() || s.history.ledger.in_flight(&key)
             };
             if withdrawn {
-                self.sim
-                    .lock()
-                    .note(|| format!("operator withdrew not_applied for {key}: the ledger has an effect"));
+                self.sim.lock().note(|| {
+                    format!("operator withdrew not_applied for {key}: the ledger has an effect")
+                });
                 return Err(Error::Unavailable(
-                    "simulated: the operator withdrew a resolution the downstream contradicts".into(),
+                    "simulated: the operator withdrew a resolution the downstream contradicts"
+                        .into(),
                 ));
             }
             let cas = block_on(self.inner.transition(transition))?;

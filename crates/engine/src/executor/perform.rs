@@ -281,9 +281,7 @@ impl Executor {
             let t = transitions::renew(claim.record(), contract, self.at());
             match self.store.transition(t).await {
                 Ok(Cas::Done(r)) => {
-                    let live = r
-                        .lease()
-                        .is_some_and(|l| l.expires_at > self.now());
+                    let live = r.lease().is_some_and(|l| l.expires_at > self.now());
                     claim.replace(r);
                     if live {
                         return Ok(());
@@ -292,9 +290,9 @@ impl Executor {
                 Ok(Cas::Lost(now)) => {
                     return Err(self.settled_elsewhere(contract, claim.key().clone(), now));
                 }
-            // Whether the renewal committed cannot be told now, nor whether somebody took the
-            // claim over: nothing is sent. The lease expires and recovery settles it by the
-            // marker, a receipt or a deduplicated resend.
+                // Whether the renewal committed cannot be told now, nor whether somebody took the
+                // claim over: nothing is sent. The lease expires and recovery settles it by the
+                // marker, a receipt or a deduplicated resend.
                 Err(e) => {
                     tracing::warn!(operation_key = claim.key().as_str(), error = %e, "lease could not be renewed before a send");
                     break;
