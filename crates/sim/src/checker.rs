@@ -718,8 +718,23 @@ mod tests {
                     h.performs.push(again);
                 }),
             ),
-            (FENCED, Box::new(|h| h.performs[0].attempt = 2)),
-            (FENCED, Box::new(|h| h.performs[0].worker = "p2".into())),
+            // A stale send to a downstream that deduplicates is absorbed: no violation.
+            ("none", Box::new(|h| h.performs[0].attempt = 2)),
+            // To one that does not, it is one.
+            (
+                FENCED,
+                Box::new(|h| {
+                    h.performs[0].attempt = 2;
+                    h.performs[0].needs_marker = true;
+                }),
+            ),
+            (
+                FENCED,
+                Box::new(|h| {
+                    h.performs[0].worker = "p2".into();
+                    h.performs[0].needs_marker = true;
+                }),
+            ),
             (
                 FENCED,
                 Box::new(|h| {
@@ -728,7 +743,9 @@ mod tests {
                         reference: None,
                         job_id: None,
                     });
-                    h.performs[0].record = Some(record("s1", unknown, 1));
+                    // Given up as unknown under another attempt than the one sent.
+                    h.performs[0].record = Some(record("s1", unknown, 2));
+                    h.performs[0].needs_marker = true;
                 }),
             ),
             (MARKER, Box::new(|h| h.performs[0].needs_marker = true)),
