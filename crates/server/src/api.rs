@@ -143,6 +143,59 @@ pub struct DenyRequest {
     pub reason: Option<String>,
 }
 
+/// How a tool's operation is named: `required` (a key-based or irreversible tool needs
+/// `workflow_id` and `step_id`, or an `Idempotency-Key`), `optional` (a natural-idempotent
+/// tool), `ignored` (a read).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationIdentity {
+    Required,
+    Optional,
+    Ignored,
+}
+
+/// The contract's effect class.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectClassView {
+    Read,
+    NaturalIdempotent,
+    KeyBased,
+    Irreversible,
+}
+
+/// Whether an operator approves the tool's operations before their effect.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalView {
+    Never,
+    Always,
+    /// Only calls whose arguments match the contract's `approval_when`.
+    WhenMatches,
+}
+
+/// A loaded tool as a caller (or a framework adapter) needs it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolView {
+    /// The contract's name, as in `/v1/tools/{tool}/invoke`.
+    pub name: String,
+    pub version: String,
+    /// The model-facing description: what it is for, when not to use it, what a repeat does.
+    pub description: String,
+    pub effect_class: EffectClassView,
+    pub operation_identity: OperationIdentity,
+    pub approval: ApprovalView,
+    /// The JSON Schema of `arguments`.
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+}
+
+/// Every loaded tool, ordered by name.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolList {
+    pub tools: Vec<ToolView>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
     pub status: String,
@@ -283,8 +336,106 @@ fn event_view(e: Event) -> EventView {
     }
 }
 
+fn tool_view(tool: &Tool) -> ToolView {
+    use idemgate_core::contract::{ApprovalRule, EffectClass};
+    let c = &tool.contract;
+    let (effect_class, operation_identity) = match c.effect_class {
+        EffectClass::Read => (EffectClassView::Read, OperationIdentity::Ignored),
+        EffectClass::NaturalIdempotent => (
+            EffectClassView::NaturalIdempotent,
+            OperationIdentity::Optional,
+        ),
+        EffectClass::KeyBased => (EffectClassView::KeyBased, OperationIdentity::Required),
+        EffectClass::Irreversible => (EffectClassView::Irreversible, OperationIdentity::Required),
+        // Refused at load; never a loaded tool. Shown as what it would need.
+        EffectClass::NonIdempotent => (EffectClassView::KeyBased, OperationIdentity::Required),
+    };
+    let approval = match c.approval() {
+        ApprovalRule::Never => ApprovalView::Never,
+        ApprovalRule::Always => ApprovalView::Always,
+        ApprovalRule::WhenMatches => ApprovalView::WhenMatches,
+        ApprovalRule::Default => match c.effect_class {
+            EffectClass::Irreversible => ApprovalView::Always,
+            _ => ApprovalView::Never,
+        },
+    };
+    ToolView {
+        name: c.name.clone(),
+        version: c.version.clone(),
+        description: idemgate_mcp::tools::describe(c),
+        effect_class,
+        operation_identity,
+        approval,
+        input_schema: c.input_schema.clone(),
+    }
+}
+
+/// The refusal for a tool that is not loaded: names it (bounded, printable) and points to the
+/// listing.
+fn unknown_tool(name: &str) -> ApiError {
+    let shown: String = name
+        .chars()
+        .take(100)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    ApiError::new(
+        ErrorCode::UnknownTool,
+        format!("no tool named {shown:?} is loaded; GET /v1/tools lists the loaded tools"),
+    )
+}
+
 // ---------------------------------------------------------------------------------------------
 // Handlers.
+
+/// The loaded tools: names, model-facing descriptions, input schemas and effect classes.
+#[utoipa::path(
+    get,
+    path = "/v1/tools",
+    tag = TAG,
+    responses(
+        (status = 200, description = "the loaded tools", body = ToolList),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_tools(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<axum::Json<ToolList>, ApiError> {
+    authenticate(&state, &headers)?;
+    let tools = state.tools();
+    let tools = tools
+        .names()
+        .filter_map(|n| tools.get(n))
+        .map(tool_view)
+        .collect();
+    Ok(axum::Json(ToolList { tools }))
+}
+
+/// One loaded tool.
+#[utoipa::path(
+    get,
+    path = "/v1/tools/{tool}",
+    tag = TAG,
+    params(("tool" = String, Path, description = "The tool's contract name.", example = "tickets.create")),
+    responses(
+        (status = 200, description = "the tool", body = ToolView),
+        (status = 401, description = "missing or unaccepted token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "no such tool", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_tool(
+    State(state): State<AppState>,
+    Path(tool): Path<String>,
+    headers: HeaderMap,
+) -> Result<axum::Json<ToolView>, ApiError> {
+    authenticate(&state, &headers)?;
+    match state.tools().get(&tool) {
+        Some(t) => Ok(axum::Json(tool_view(t))),
+        None => Err(unknown_tool(&tool)),
+    }
+}
 
 /// Invoke a tool: at most one effect per operation, and a labelled outcome.
 #[utoipa::path(
@@ -320,10 +471,7 @@ pub async fn invoke(
 ) -> Result<Answer, ApiError> {
     let principal = authenticate(&state, &headers)?;
     let Some(tool) = state.tools().get(&tool).cloned() else {
-        return Err(ApiError::new(
-            ErrorCode::UnknownTool,
-            "no tool of that name is loaded",
-        ));
+        return Err(unknown_tool(&tool));
     };
     let limits = state.inner().limits;
     let header_key = headers::idempotency_key(&headers, limits.key_part_bytes)

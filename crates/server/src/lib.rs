@@ -72,6 +72,8 @@ impl Modify for Bearer {
 /// The API's routes and the OpenAPI document generated from them.
 fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(api::list_tools))
+        .routes(routes!(api::get_tool))
         .routes(routes!(api::invoke))
         .routes(routes!(api::list_operations))
         .routes(routes!(api::get_operation))

@@ -64,8 +64,14 @@ pub struct ErrorView {
 
 /// The labelled answer of every face. Every field is always present (null when it does not
 /// apply).
+///
+/// The label is `outcome`, the member every answer has, outcome or problem; `status` repeats
+/// it here (the seed's result shape), while in a problem `status` is the HTTP status.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct OutcomeView {
+    /// The label: applied, replayed, in_flight, rejected or unknown.
+    pub outcome: OutcomeStatus,
+    /// The same label as `outcome`.
     pub status: OutcomeStatus,
     /// `tenant:environment:workflow_id:step_id`.
     pub operation_key: Option<String>,
@@ -104,14 +110,16 @@ pub struct Problem {
 
 impl From<&Outcome> for OutcomeView {
     fn from(o: &Outcome) -> OutcomeView {
+        let label = match o.status {
+            Status::Applied => OutcomeStatus::Applied,
+            Status::Replayed => OutcomeStatus::Replayed,
+            Status::InFlight => OutcomeStatus::InFlight,
+            Status::Rejected => OutcomeStatus::Rejected,
+            Status::Unknown => OutcomeStatus::Unknown,
+        };
         OutcomeView {
-            status: match o.status {
-                Status::Applied => OutcomeStatus::Applied,
-                Status::Replayed => OutcomeStatus::Replayed,
-                Status::InFlight => OutcomeStatus::InFlight,
-                Status::Rejected => OutcomeStatus::Rejected,
-                Status::Unknown => OutcomeStatus::Unknown,
-            },
+            outcome: label,
+            status: label,
             operation_key: o.operation_key.as_ref().map(|k| k.to_string()),
             effect_reference: o.effect_reference.clone(),
             safe_to_repeat: o.safe_to_repeat,
@@ -226,7 +234,7 @@ fn respond(o: &Outcome, status: Option<StatusCode>) -> Response {
                 .as_ref()
                 .map(|e| e.message.clone())
                 .unwrap_or_default(),
-            outcome: view.status,
+            outcome: view.outcome,
             operation_key: view.operation_key,
             effect_reference: view.effect_reference,
             safe_to_repeat: view.safe_to_repeat,
