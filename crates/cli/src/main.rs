@@ -23,8 +23,18 @@ mod stores;
     about = "Make side-effecting tools safe to retry for AI agents."
 )]
 struct Cli {
+    /// How log lines are written to stderr: `text` for people, `json` (one object per line)
+    /// for collectors. Colour only when stderr is a terminal.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "IDEMGATE_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,13 +52,34 @@ enum Command {
     Mcp(idemgate_mcp::cli::McpArgs),
 }
 
+/// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
+/// (the access log, one line per request) and every other command logs nothing: the demo's
+/// output is for people, and keys, fingerprints and references are all a log line would add.
+fn logs(format: LogFormat, server: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => EnvFilter::new(directives),
+        _ if server => EnvFilter::new("warn,idemgate=info"),
+        _ => EnvFilter::new("off"),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    // Logs go to stderr and are off unless RUST_LOG asks for them: the demo's output is for
-    // people, and keys, fingerprints and references are all a log line would add.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
@@ -59,6 +90,11 @@ const FAILURE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `idemgate mcp` speaks JSON-RPC on stdout; its logs, like every command's, go to stderr.
+    logs(
+        cli.log_format,
+        matches!(cli.command, Command::Serve(_) | Command::Mcp(_)),
+    );
     let result = match cli.command {
         Command::Contract(command) => contract::run(command),
         Command::Demo => runtime()

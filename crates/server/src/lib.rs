@@ -21,6 +21,7 @@
 //!
 //! **Only this crate knows HTTP shapes.** Every effect still passes through the executor.
 
+pub mod access;
 pub mod api;
 pub mod auth;
 pub mod config;
@@ -129,6 +130,7 @@ fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
         Some(service) => routes.nest_service("/mcp", bounded(service.clone(), body_limit)),
         None => routes,
     };
+    let router = router.layer(axum::middleware::from_fn(access::layer));
     (router, mcp)
 }
 

@@ -25,6 +25,7 @@ pub const EFFECT_SECONDS: &str = "idemgate_effect_duration_seconds";
 pub const UNKNOWN_QUEUE: &str = "idemgate_unknown_operations";
 pub const TAKEOVERS: &str = "idemgate_lease_takeovers_total";
 pub const RECOVERIES: &str = "idemgate_recoveries_total";
+pub const BUILD_INFO: &str = "idemgate_build_info";
 
 /// Seconds: from a fast local claim to a slow downstream.
 const BUCKETS: &[f64] = &[
@@ -66,6 +67,21 @@ pub fn handle() -> Option<PrometheusHandle> {
                 RECOVERIES,
                 "Pending records recovered (receipt found or claim taken over)."
             );
+            metrics::describe_counter!(
+                crate::access::HTTP_REQUESTS,
+                "HTTP requests by route, method and status."
+            );
+            metrics::describe_histogram!(
+                crate::access::HTTP_SECONDS,
+                metrics::Unit::Seconds,
+                "HTTP request latency by route and method."
+            );
+            metrics::describe_counter!(
+                crate::access::OPERATOR_ACTIONS,
+                "Operator approvals, denials and reconciliations, by whether they were done."
+            );
+            metrics::describe_gauge!(BUILD_INFO, "Always 1; the version is a label.");
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             Some(handle)
         })
         .clone()

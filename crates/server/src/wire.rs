@@ -248,6 +248,11 @@ fn respond(o: &Outcome, status: Option<StatusCode>) -> Response {
         json_body(status, "application/json", &OutcomeView::from(o))
     };
     outcome_headers(o, response.headers_mut());
+    response.extensions_mut().insert(crate::access::Logged {
+        operation_key: o.operation_key.as_ref().map(|k| k.to_string()),
+        outcome: o.status.as_str(),
+        code: o.error_code().map(|c| c.as_str()),
+    });
     response
 }
 

@@ -14,6 +14,7 @@ use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorBody, ErrorCode, NextAction, Outcome, Status};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::{ActionError, Executor, Operation};
 
@@ -47,11 +48,16 @@ impl Executor {
         effect: Arc<dyn Downstream>,
     ) -> Outcome {
         let executor = self.clone();
-        let task = tokio::spawn(async move {
-            executor
-                .execute(&contract, &operation, &arguments, effect.as_ref())
-                .await
-        });
+        // The caller's span (the gateway's request) goes with the task, so its log lines
+        // name the request.
+        let task = tokio::spawn(
+            async move {
+                executor
+                    .execute(&contract, &operation, &arguments, effect.as_ref())
+                    .await
+            }
+            .in_current_span(),
+        );
         task.await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "a delivery's task failed");
             lost(None)
@@ -104,17 +110,20 @@ impl Executor {
     ) -> Result<Outcome, ActionError> {
         let executor = self.clone();
         let shown = key.clone();
-        let task = tokio::spawn(async move {
-            executor
-                .approve(
-                    &contract,
-                    &key,
-                    &approver,
-                    expected.as_ref(),
-                    effect.as_ref(),
-                )
-                .await
-        });
+        let task = tokio::spawn(
+            async move {
+                executor
+                    .approve(
+                        &contract,
+                        &key,
+                        &approver,
+                        expected.as_ref(),
+                        effect.as_ref(),
+                    )
+                    .await
+            }
+            .in_current_span(),
+        );
         task.await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "an approval's task failed");
             Ok(lost(Some(shown)))
