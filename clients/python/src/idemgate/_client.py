@@ -324,6 +324,17 @@ class _Core:
         return identity
 
 
+def _read_again(req: _Request, error: httpx.TransportError) -> bool:
+    """Whether a read is sent once more: a GET whose connection closed before any answer.
+
+    A kept-alive connection can be closed by the server just as the next request goes out (the
+    gateway closes one after refusing a request whose body it did not read). A GET changes
+    nothing, so sending it again on a new connection is harmless; a POST is never sent again
+    here, because its first attempt may have been carried out.
+    """
+    return req.method == "GET" and isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError))
+
+
 def _backoff(backoff: float, attempt: int) -> float:
     return float(min(backoff * (2**attempt), 10.0))
 
@@ -369,17 +380,21 @@ class Client(_Core):
         self._http.close()
 
     def _send(self, req: _Request) -> httpx.Response:
-        try:
-            return self._http.request(
-                req.method,
-                req.path,
-                json=req.json,
-                headers=req.headers,
-                params=req.params,
-                timeout=req.timeout or self._http_timeout(),
-            )
-        except httpx.TransportError as e:
-            raise self._transport_error(e, req) from e
+        for attempt in range(2):
+            try:
+                return self._http.request(
+                    req.method,
+                    req.path,
+                    json=req.json,
+                    headers=req.headers,
+                    params=req.params,
+                    timeout=req.timeout or self._http_timeout(),
+                )
+            except httpx.TransportError as e:
+                if attempt == 0 and _read_again(req, e):
+                    continue
+                raise self._transport_error(e, req) from e
+        raise AssertionError("unreachable")
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -564,17 +579,21 @@ class AsyncClient(_Core):
         await self._http.aclose()
 
     async def _send(self, req: _Request) -> httpx.Response:
-        try:
-            return await self._http.request(
-                req.method,
-                req.path,
-                json=req.json,
-                headers=req.headers,
-                params=req.params,
-                timeout=req.timeout or self._http_timeout(),
-            )
-        except httpx.TransportError as e:
-            raise self._transport_error(e, req) from e
+        for attempt in range(2):
+            try:
+                return await self._http.request(
+                    req.method,
+                    req.path,
+                    json=req.json,
+                    headers=req.headers,
+                    params=req.params,
+                    timeout=req.timeout or self._http_timeout(),
+                )
+            except httpx.TransportError as e:
+                if attempt == 0 and _read_again(req, e):
+                    continue
+                raise self._transport_error(e, req) from e
+        raise AssertionError("unreachable")
 
     @staticmethod
     def workflow(workflow_id: str) -> WorkflowScope:
