@@ -94,7 +94,9 @@ def identity_for(
     step_id = _identity.current_step_id()
     if step_id is None:
         step_id = step(arguments) if callable(step) else (step or tool)
-    return _identity.resolve(tool, workflow_id, step_id)
+    return _identity.Identity(
+        _identity.check_part("workflow_id", workflow_id), _identity.check_part("step_id", step_id)
+    )
 
 
 def function_tool(
