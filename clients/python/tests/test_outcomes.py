@@ -361,3 +361,54 @@ def test_tools_and_a_read_tool_without_identity(
     assert isinstance(got, idemgate.Applied)
     assert got.result["subject"] == TICKET["subject"]
     assert fake.effect_count(run_id) == 1
+
+
+def test_approval_bound_to_the_reviewed_fingerprint(
+    client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
+) -> None:
+    legal = dict(TICKET, queue_id="legal")
+    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
+    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
+    reviewed = operator.operation(pending.operation_key)
+    assert reviewed.record_status == "awaiting_approval"
+    wrong = "sha256:" + "0" * 64
+    refused = operator.approve(pending.operation_key, fingerprint=wrong)
+    assert isinstance(refused, idemgate.Rejected)
+    assert fake.effect_count(run_id) == 0
+    approved = operator.approve(pending.operation_key, fingerprint=reviewed.record.fingerprint)
+    assert isinstance(approved, idemgate.Applied)
+    assert fake.effect_count(run_id) == 1
+
+
+def test_async_operator_settles_an_unknown_and_approves(
+    gateway: Gateway, fake: FakeSystemOfRecord, run_id: str
+) -> None:
+    from harness import OPERATOR_TOKEN
+
+    mail, legal = f"{run_id}-mail", f"{run_id}-legal"
+    fake.script(mail, Fault.drop())
+    fake.set_lookup(mail, False)
+
+    async def main() -> tuple[idemgate.Outcome, ...]:
+        async with idemgate.AsyncClient(gateway.url, AGENT_TOKEN) as agent, idemgate.AsyncClient(
+            gateway.url, OPERATOR_TOKEN
+        ) as op:
+            unknown = await agent.invoke("emails.send", EMAIL, workflow_id=mail, step_id="s")
+            assert isinstance(unknown, idemgate.Unknown) and unknown.operation_key
+            page = await op.operations(status="unknown", tool="emails.send", limit=500)
+            assert unknown.operation_key in [r.operation_key for r in page.operations]
+            sent = fake.effects(mail)[0].reference
+            resolved = await op.resolve_applied(unknown.operation_key, sent, {"message_id": sent})
+            pending = await agent.invoke(
+                "tickets.create", dict(TICKET, queue_id="legal"), workflow_id=legal, step_id="s"
+            )
+            assert isinstance(pending, idemgate.InFlight) and pending.operation_key
+            approved = await op.approve(pending.operation_key)
+            view = await agent.operation(pending.operation_key)
+            assert view.record_status == "applied"
+            return resolved, approved
+
+    resolved, approved = asyncio.run(main())
+    assert resolved.done and approved.done
+    assert fake.effect_count(mail) == 1
+    assert fake.effect_count(legal) == 1
