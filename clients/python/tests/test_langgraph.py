@@ -116,8 +116,8 @@ def test_tool_node_steps_are_the_node_and_the_tool_call_id(
         operation_key(run_id, "tools.call_a"),
         operation_key(run_id, "tools.call_b"),
     ]
-    assert [json.loads(m.content)["outcome"] for m in answers] == ["applied", "applied"]
-    assert "Do not call this tool again" in json.loads(answers[0].content)["meaning"]
+    assert [json.loads(str(m.content))["outcome"] for m in answers] == ["applied", "applied"]
+    assert "Do not call this tool again" in json.loads(str(answers[0].content))["meaning"]
     assert fake.effect_count(run_id) == 2
 
     # Replaying the thread from the checkpoint before the tools ran: the same checkpointed
@@ -127,7 +127,7 @@ def test_tool_node_steps_are_the_node_and_the_tool_call_id(
     )
     again = graph.invoke(None, before_tools.config)
     replays = [m for m in again["messages"] if isinstance(m, ToolMessage)][-2:]
-    assert [json.loads(m.content)["outcome"] for m in replays] == ["replayed", "replayed"]
+    assert [json.loads(str(m.content))["outcome"] for m in replays] == ["replayed", "replayed"]
     assert fake.effect_count(run_id) == 2
 
 
