@@ -94,3 +94,6 @@ def test_model_text_says_what_to_do() -> None:
     assert said["outcome"] == "unknown" and "Do not retry" in said["meaning"]
     said = json.loads(idemgate.outcome_text(parse_outcome(body("applied", effect_reference="t1"), 200)))
     assert said["effect_reference"] == "t1" and "exactly once" in said["meaning"]
+    denied = body("rejected", safe_to_repeat=True, error={"code": "approval_denied", "message": "no"})
+    said = json.loads(idemgate.outcome_text(parse_outcome(denied, 403)))
+    assert "do not try again" in said["meaning"]

@@ -46,6 +46,11 @@ def meaning(outcome: Outcome) -> str:
             f"{wait} and call again with the same arguments: it is the same operation."
         )
     if isinstance(outcome, Rejected):
+        if outcome.code in ("approval_denied", "approval_expired"):
+            return (
+                f"Rejected ({outcome.code}): {outcome.message}. Nothing happened. A person "
+                "decided against it; do not try again or another way. Tell the user."
+            )
         if outcome.safe_to_repeat:
             return (
                 f"Rejected ({outcome.code}): {outcome.message}. Nothing happened; you may "
