@@ -82,6 +82,9 @@ security:
   approval: when_matches
   approval_when:
     queue_id: [legal]
+# A short lease: a waiting delivery re-reads the record after a quarter of the lease left, so
+# the tests that wait do not sit out the default 30 s lease's 7.5 s pause.
+lease_seconds: 4
 ${RETENTION}`,
     // No deduplication; a receipt lookup that the fake can switch off.
     'notes.add.yaml': `name: notes.add
