@@ -120,16 +120,57 @@ export function modelToolName(name: string): string {
   return name.replace(/[^A-Za-z0-9_-]/g, '_');
 }
 
+/** The name the gateway's tool descriptions give the status tool. */
+export const STATUS_TOOL = 'idemgate_operation_status';
+
 /**
- * The gateway's tools named in `steps`, as an AI SDK tool set keyed by model-safe names. Each
- * entry maps a gateway tool to the workflow step it performs (`null` for a read, which needs
- * none). A name the gateway does not have is an `UnknownToolError`.
+ * A read-only tool that reads where an operation stands by the `operation_key` of an earlier
+ * answer: what the gateway's tool descriptions tell the model to use instead of calling a tool
+ * again. Reading never performs an effect; an operation this token cannot see answers
+ * `rejected` with `not_found`.
+ */
+export function idemgateStatusTool(client: Client): Tool<{ operation_key: string }, ModelResult> {
+  return tool<{ operation_key: string }, ModelResult>({
+    description:
+      'Reads where an earlier operation stands, by the operation_key its answer gave. Use it for an operation that ' +
+      'answered in_flight instead of calling its tool again: it answers replayed with the stored result once done, ' +
+      'in_flight while it runs or awaits approval, unknown while an operator must reconcile it. Never performs an effect.',
+    inputSchema: jsonSchema<{ operation_key: string }>({
+      type: 'object',
+      properties: { operation_key: { type: 'string', minLength: 1, maxLength: 600 } },
+      required: ['operation_key'],
+      additionalProperties: false,
+    }),
+    async execute({ operation_key }, { abortSignal }: ToolCallOptions): Promise<ModelResult> {
+      const op = await client.operation(operation_key, abortSignal ? { signal: abortSignal } : {});
+      if (op) return modelResult(op.outcome);
+      return {
+        outcome: 'rejected',
+        status: 'rejected',
+        meaning: 'There is no operation under this key for this application; nothing was read or done.',
+        operation_key,
+        effect_reference: null,
+        safe_to_repeat: false,
+        next_action: 'none',
+        retry_after_seconds: null,
+        result: null,
+        error: { code: 'not_found', message: 'no such operation' },
+      };
+    },
+  });
+}
+
+/**
+ * The gateway's tools named in `steps`, as an AI SDK tool set keyed by model-safe names, plus
+ * the status tool (`idemgate_operation_status`) unless `statusTool: false`. Each entry maps a
+ * gateway tool to the workflow step it performs (`null` for a read, which needs none). A name
+ * the gateway does not have is an `UnknownToolError`.
  */
 export async function idemgateTools(
   client: Client,
-  options: { workflowId: string; steps: Record<string, string | null>; wait?: number },
-): Promise<Record<string, Tool<Record<string, unknown>, ModelResult>>> {
-  const set: Record<string, Tool<Record<string, unknown>, ModelResult>> = {};
+  options: { workflowId: string; steps: Record<string, string | null>; wait?: number; statusTool?: boolean },
+): Promise<Record<string, Tool<any, ModelResult>>> {
+  const set: Record<string, Tool<any, ModelResult>> = {};
   for (const [name, stepId] of Object.entries(options.steps)) {
     const info = await client.tool(name);
     set[modelToolName(name)] = idemgateTool(client, info, {
@@ -138,5 +179,6 @@ export async function idemgateTools(
       ...(options.wait !== undefined ? { wait: options.wait } : {}),
     });
   }
+  if (options.statusTool !== false) set[STATUS_TOOL] = idemgateStatusTool(client);
   return set;
 }

@@ -9,7 +9,7 @@ import { generateText, stepCountIs } from 'ai';
 import { MockLanguageModelV3 } from 'ai/test';
 
 import { Client } from 'idemgate';
-import { idemgateTool, idemgateTools, modelToolName } from 'idemgate/ai';
+import { STATUS_TOOL, idemgateTool, idemgateTools, modelToolName } from 'idemgate/ai';
 
 import { FakeSystem } from './support/fake.mjs';
 import { startGateway } from './support/gateway.mjs';
@@ -23,11 +23,14 @@ let fake;
 let gate;
 /** @type {Client} */
 let agent;
+/** @type {Client} */
+let operator;
 
 before(async () => {
   fake = await new FakeSystem().start();
   gate = await startGateway(fake.url);
   agent = new Client({ baseUrl: gate.url, token: gate.agentToken });
+  operator = new Client({ baseUrl: gate.url, token: gate.operatorToken });
 });
 
 after(async () => {
@@ -117,7 +120,7 @@ describe('generateText with an idemgate tool', () => {
 
   test('the same call twice in one response (parallel tool calls): one effect', T, async () => {
     const tools = await idemgateTools(agent, { workflowId: 'ai-run-2', steps: { 'tickets.create': 'record_issue' } });
-    assert.deepEqual(Object.keys(tools), ['tickets_create']);
+    assert.deepEqual(Object.keys(tools), ['tickets_create', 'idemgate_operation_status']);
     const model = new MockLanguageModelV3({
       doGenerate: [
         proposes(['tickets_create', TICKET, 'call_a'], ['tickets_create', TICKET, 'call_b']),
@@ -210,6 +213,46 @@ describe('generateText with an idemgate tool', () => {
     assert.equal(outputs[0].next_action, 'reconcile');
     assert.match(outputs[0].meaning, /do not call it again and do not report it as failed/);
     const key = gate.key('ai-run-5', 'send_letter');
+    assert.equal(fake.effectsFor(key), 1);
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+  });
+
+  test('awaiting approval: the model polls the status tool instead of calling again; one effect after approval', T, async () => {
+    const key = gate.key('ai-run-6', 'legal_ticket');
+    const legal = { ...TICKET, queue_id: 'legal' };
+    const responses = [
+      () => proposes(['tickets_create', legal, 't1']),
+      () => proposes([STATUS_TOOL, { operation_key: key }, 't2']),
+      // An operator approves between the model's steps.
+      async () => {
+        const approved = await operator.approve(key);
+        assert.equal(approved.outcome, 'applied');
+        return proposes([STATUS_TOOL, { operation_key: key }, 't3']);
+      },
+      () => proposes([STATUS_TOOL, { operation_key: 'ci:ci:ai-run-6:no_such_step' }, 't4']),
+      () => says('Approved and recorded.'),
+    ];
+    let calls = 0;
+    const model = new MockLanguageModelV3({
+      doGenerate: async () => {
+        const next = responses[calls];
+        calls += 1;
+        if (!next) throw new Error('the mock model was asked for more steps than scripted');
+        return next();
+      },
+    });
+    const tools = await idemgateTools(agent, { workflowId: 'ai-run-6', steps: { 'tickets.create': 'legal_ticket' }, wait: 0 });
+    const result = await generateText({ model, tools, stopWhen: stepCountIs(6), prompt: 'File it with legal.' });
+
+    const outputs = toolResults(result).map((r) => [r.toolName, r.output.outcome, r.output.next_action]);
+    assert.deepEqual(outputs, [
+      ['tickets_create', 'in_flight', 'ask_for_approval'],
+      [STATUS_TOOL, 'in_flight', 'ask_for_approval'],
+      [STATUS_TOOL, 'replayed', 'none'],
+      [STATUS_TOOL, 'rejected', 'none'],
+    ]);
+    assert.match(toolResults(result)[0].output.meaning, /waiting for a person to approve it/);
+    assert.equal(toolResults(result)[3].output.error.code, 'not_found');
     assert.equal(fake.effectsFor(key), 1);
     assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
   });

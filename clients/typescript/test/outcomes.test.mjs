@@ -106,7 +106,7 @@ describe('in flight, and waiting for it', () => {
     const release = fake.fault('tickets', 'hold');
 
     const first = step.invoke('tickets.create', TICKET);
-    await until('the first delivery to reach the fake', () => fake.held === 1);
+    await until('the first delivery to reach the fake', () => fake.held === 1, 10_000);
 
     const second = await step.invoke('tickets.create', TICKET);
     assert.equal(second.outcome, 'in_flight');
