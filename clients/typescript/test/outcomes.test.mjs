@@ -1,0 +1,355 @@
+// Every label through a real gateway and a fake system of record that counts effects on its own
+// side: each scenario asserts what the client returned and, separately, what the fake saw.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+  Client,
+  IdemgateError,
+  InFlightError,
+  RejectedError,
+  UnknownOutcomeError,
+  describeOutcome,
+  isDone,
+} from 'idemgate';
+
+import { FakeSystem, until } from './support/fake.mjs';
+import { startGateway } from './support/gateway.mjs';
+
+const T = { timeout: 30_000 };
+const TICKET = { subject: 'Refund request', body: 'Order 42 arrived broken.' };
+
+/** @type {FakeSystem} */
+let fake;
+/** @type {Awaited<ReturnType<typeof startGateway>>} */
+let gate;
+/** @type {Client} */
+let agent;
+/** @type {Client} */
+let operator;
+
+before(async () => {
+  fake = await new FakeSystem().start();
+  gate = await startGateway(fake.url);
+  agent = new Client({ baseUrl: gate.url, token: gate.agentToken });
+  operator = new Client({ baseUrl: gate.url, token: gate.operatorToken });
+});
+
+after(async () => {
+  await gate?.stop();
+  await fake?.stop();
+});
+
+describe('applied, replayed and a reused key', () => {
+  test('the same step twice is one effect: applied, then replayed with the same reference', T, async () => {
+    const step = agent.workflow('run-applied').step('record_issue');
+    const key = gate.key('run-applied', 'record_issue');
+
+    const first = await step.invoke('tickets.create', TICKET);
+    assert.equal(first.outcome, 'applied');
+    assert.equal(first.httpStatus, 200);
+    assert.equal(first.operationKey, key);
+    assert.equal(first.safeToRepeat, false);
+    assert.equal(first.nextAction, 'none');
+    assert.ok(isDone(first));
+
+    const second = await step.invoke('tickets.create', TICKET);
+    assert.equal(second.outcome, 'replayed');
+    assert.equal(second.effectReference, first.effectReference);
+    assert.deepEqual(second.result, first.result);
+
+    // At the fake: one ticket under this key, and the replay never reached it.
+    assert.equal(fake.effectsFor(key), 1);
+    assert.equal(fake.committed.find((c) => c.key === key)?.reference, first.effectReference);
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+  });
+
+  test('the same key with a different request is rejected 422, and nothing is sent', T, async () => {
+    const step = agent.workflow('run-mismatch').step('record_issue');
+    const key = gate.key('run-mismatch', 'record_issue');
+    const first = await step.invoke('tickets.create', TICKET);
+    assert.equal(first.outcome, 'applied');
+
+    const other = await step.invoke('tickets.create', { ...TICKET, subject: 'Something else' });
+    assert.equal(other.outcome, 'rejected');
+    if (other.outcome !== 'rejected') return;
+    assert.equal(other.code, 'idempotency_key_reused_with_different_request');
+    assert.equal(other.httpStatus, 422);
+    assert.equal(other.safeToRepeat, false);
+    assert.equal(other.nextAction, 'inspect_operation');
+    assert.equal(other.problemType, 'urn:idemgate:problem:idempotency_key_reused_with_different_request');
+    assert.match(describeOutcome(other), /already performed a different request/);
+
+    assert.equal(fake.effectsFor(key), 1);
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+  });
+
+  test('a downstream refusal is rejected with no effect', T, async () => {
+    const key = gate.key('run-refused', 'record_issue');
+    fake.fault('tickets', 'refuse');
+    const refused = await agent.invoke('tickets.create', TICKET, { workflowId: 'run-refused', stepId: 'record_issue' });
+    assert.equal(refused.outcome, 'rejected');
+    if (refused.outcome !== 'rejected') return;
+    assert.equal(refused.code, 'downstream_rejected');
+    assert.equal(refused.httpStatus, 422);
+    // The request reached the fake, which refused it: no effect.
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.effectsFor(key), 0);
+  });
+});
+
+describe('in flight, and waiting for it', () => {
+  test('a second delivery while the first is held is in_flight (409); wait returns the settled outcome', T, async () => {
+    const step = agent.workflow('run-inflight').step('record_issue');
+    const key = gate.key('run-inflight', 'record_issue');
+    const release = fake.fault('tickets', 'hold');
+
+    const first = step.invoke('tickets.create', TICKET);
+    await until('the first delivery to reach the fake', () => fake.held === 1, 10_000);
+
+    const second = await step.invoke('tickets.create', TICKET);
+    assert.equal(second.outcome, 'in_flight');
+    if (second.outcome !== 'in_flight') return;
+    assert.equal(second.httpStatus, 409);
+    assert.equal(second.nextAction, 'poll');
+    assert.equal(second.awaitingApproval, false);
+    assert.equal(typeof second.retryAfter, 'number');
+    assert.equal(second.safeToRepeat, false);
+
+    // A waiting delivery can only answer replayed after the release: without `Prefer: wait`
+    // it would have answered in_flight at once, as the second did.
+    const waiting = step.invoke('tickets.create', TICKET, { wait: 10 });
+    let waitingDone = false;
+    waiting.then(() => (waitingDone = true), () => (waitingDone = true));
+    await new Promise((r) => setTimeout(r, 400));
+    assert.equal(waitingDone, false, 'the waiting delivery answered before the operation settled');
+    release();
+
+    const [firstDone, waited] = await Promise.all([first, waiting]);
+    assert.equal(firstDone.outcome, 'applied');
+    assert.equal(waited.outcome, 'replayed');
+    assert.equal(waited.effectReference, firstDone.effectReference);
+
+    // Three deliveries, one request at the fake, one effect.
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.effectsFor(key), 1);
+  });
+});
+
+describe('unknown: committed, then the answer was lost', () => {
+  test('lookup unavailable: unknown, never resent; the operator looks the receipt up once it answers', T, async () => {
+    const step = agent.workflow('run-unknown-lookup').step('add_note');
+    const key = gate.key('run-unknown-lookup', 'add_note');
+    fake.lookups = false;
+    try {
+      fake.fault('notes', 'drop');
+      const lost = await step.invoke('notes.add', { text: 'called the customer' });
+      assert.equal(lost.outcome, 'unknown');
+      assert.equal(lost.httpStatus, 202);
+      assert.equal(lost.nextAction, 'reconcile');
+      assert.equal(lost.safeToRepeat, false);
+      assert.equal(lost.operationKey, key);
+      // The effect exists at the fake even though the client heard no reference.
+      assert.equal(fake.effectsFor(key), 1);
+
+      const again = await step.invoke('notes.add', { text: 'called the customer' });
+      assert.equal(again.outcome, 'unknown');
+      assert.equal(fake.requests('notes'), 1, 'an unknown operation must never be sent again');
+
+      const queue = await operator.operations({ status: 'unknown' });
+      assert.ok(queue.operations.some((o) => o.operationKey === key && o.tool === 'notes.add'));
+
+      const still = await operator.reconcile(key);
+      assert.equal(still.outcome, 'unknown');
+    } finally {
+      fake.lookups = true;
+    }
+    const found = await operator.reconcile(key);
+    assert.ok(isDone(found), `reconcile answered ${found.outcome}`);
+    const reference = fake.committed.find((c) => c.key === key)?.reference;
+    assert.equal(found.effectReference, reference);
+
+    const replay = await step.invoke('notes.add', { text: 'called the customer' });
+    assert.equal(replay.outcome, 'replayed');
+    assert.equal(replay.effectReference, reference);
+    assert.equal(fake.effectsFor(key), 1);
+    assert.equal(fake.requests('notes'), 1);
+  });
+
+  test('no lookup at all: unknown; the operator resolves it applied with the reference', T, async () => {
+    const step = agent.workflow('run-unknown-nolookup').step('send_letter');
+    const key = gate.key('run-unknown-nolookup', 'send_letter');
+    const before = fake.requests('letters');
+    fake.fault('letters', 'drop');
+    const lost = await step.invoke('letters.send', { to: 'A. Customer', text: 'Your refund is on its way.' });
+    assert.equal(lost.outcome, 'unknown');
+    assert.equal(fake.effectsFor(key), 1);
+
+    const reference = fake.committed.find((c) => c.key === key)?.reference;
+    assert.ok(reference);
+    const resolved = await operator.resolveApplied(key, { effectReference: reference, result: { letter_id: reference } });
+    assert.ok(isDone(resolved), `resolveApplied answered ${resolved.outcome}`);
+    assert.equal(resolved.effectReference, reference);
+
+    const replay = await step.invoke('letters.send', { to: 'A. Customer', text: 'Your refund is on its way.' });
+    assert.equal(replay.outcome, 'replayed');
+    assert.equal(replay.effectReference, reference);
+    assert.deepEqual(replay.result, { letter_id: reference });
+    assert.equal(fake.requests('letters') - before, 1);
+    assert.equal(fake.effectsFor(key), 1);
+  });
+
+  test('a timeout that committed nothing: the operator resolves not_applied, and the next delivery applies once', T, async () => {
+    const step = agent.workflow('run-not-applied').step('send_letter');
+    const key = gate.key('run-not-applied', 'send_letter');
+    const release = fake.fault('letters', 'stall');
+    const args = { to: 'B. Customer', text: 'We received your return.' };
+    const timedOut = await step.invoke('letters.send', args);
+    release();
+    assert.equal(timedOut.outcome, 'unknown');
+    assert.equal(fake.effectsFor(key), 0, 'the stalled request committed nothing');
+
+    const resolution = await operator.resolveNotApplied(key);
+    assert.notEqual(resolution.outcome, 'applied');
+    assert.notEqual(resolution.outcome, 'replayed');
+
+    const rerun = await step.invoke('letters.send', args);
+    assert.equal(rerun.outcome, 'applied');
+    assert.equal(fake.effectsFor(key), 1);
+    assert.equal(rerun.effectReference, fake.committed.find((c) => c.key === key)?.reference);
+  });
+});
+
+describe('approval through the operator methods', () => {
+  test('awaiting approval is in_flight (202) with no effect; approve applies it once', T, async () => {
+    const step = agent.workflow('run-approve').step('legal_ticket');
+    const key = gate.key('run-approve', 'legal_ticket');
+    const args = { ...TICKET, queue_id: 'legal' };
+    const held = await step.invoke('tickets.create', args);
+    assert.equal(held.outcome, 'in_flight');
+    if (held.outcome !== 'in_flight') return;
+    assert.equal(held.httpStatus, 202, '202 here is awaiting approval, read from the body');
+    assert.equal(held.awaitingApproval, true);
+    assert.equal(held.nextAction, 'ask_for_approval');
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 0);
+
+    const pending = await operator.operations({ status: 'awaiting_approval', tool: 'tickets.create' });
+    assert.ok(pending.operations.some((o) => o.operationKey === key));
+    const record = await operator.operation(key);
+    assert.ok(record);
+    assert.equal(record.recordStatus, 'awaiting_approval');
+    assert.equal(record.outcome.outcome, 'in_flight');
+
+    const approved = await operator.approve(key, { fingerprint: record.fingerprint });
+    assert.equal(approved.outcome, 'applied');
+    assert.equal(fake.effectsFor(key), 1);
+
+    const replay = await step.invoke('tickets.create', args);
+    assert.equal(replay.outcome, 'replayed');
+    assert.equal(replay.effectReference, approved.effectReference);
+    assert.equal(fake.effectsFor(key), 1);
+  });
+
+  test('deny: rejected approval_denied now and on every later delivery; no effect', T, async () => {
+    const step = agent.workflow('run-deny').step('legal_ticket');
+    const key = gate.key('run-deny', 'legal_ticket');
+    const args = { ...TICKET, queue_id: 'legal' };
+    const held = await step.invoke('tickets.create', args);
+    assert.equal(held.outcome, 'in_flight');
+
+    const denied = await operator.deny(key, { reason: 'not a legal matter' });
+    assert.equal(denied.outcome, 'rejected');
+    assert.equal(denied.outcome === 'rejected' && denied.code, 'approval_denied');
+
+    const later = await step.invoke('tickets.create', args);
+    assert.equal(later.outcome, 'rejected');
+    assert.equal(later.outcome === 'rejected' && later.code, 'approval_denied');
+    assert.equal(fake.seen.filter((s) => s.key === key).length, 0);
+  });
+});
+
+describe('the throw option', () => {
+  test('in_flight, rejected and unknown are thrown as IdemgateError subclasses; applied is returned', T, async () => {
+    const strict = new Client({ baseUrl: gate.url, token: gate.agentToken, throw: true });
+    const run = strict.workflow('run-throw');
+
+    const applied = await run.step('ticket').invoke('tickets.create', TICKET);
+    assert.equal(applied.outcome, 'applied');
+
+    await assert.rejects(run.step('ticket').invoke('tickets.create', { ...TICKET, body: 'other' }), (e) => {
+      assert.ok(e instanceof RejectedError && e instanceof IdemgateError);
+      assert.equal(e.code, 'idempotency_key_reused_with_different_request');
+      assert.equal(e.httpStatus, 422);
+      assert.equal(e.safeToRepeat, false);
+      assert.equal(e.operationKey, gate.key('run-throw', 'ticket'));
+      return true;
+    });
+
+    await assert.rejects(run.step('legal').invoke('tickets.create', { ...TICKET, queue_id: 'legal' }), (e) => {
+      assert.ok(e instanceof InFlightError);
+      assert.equal(e.awaitingApproval, true);
+      assert.equal(e.outcome.nextAction, 'ask_for_approval');
+      return true;
+    });
+
+    fake.fault('letters', 'drop');
+    await assert.rejects(run.step('letter').invoke('letters.send', { to: 'C', text: 'hello' }), (e) => {
+      assert.ok(e instanceof UnknownOutcomeError);
+      assert.match(e.message, /do not send it again/);
+      return true;
+    });
+
+    // The per-call option overrides the client's: the same unknown answer, returned.
+    const returned = await run.step('letter').invoke('letters.send', { to: 'C', text: 'hello' }, { throw: false });
+    assert.equal(returned.outcome, 'unknown');
+
+    assert.equal(fake.effectsFor(gate.key('run-throw', 'ticket')), 1);
+    assert.equal(fake.effectsFor(gate.key('run-throw', 'legal')), 0);
+    assert.equal(fake.effectsFor(gate.key('run-throw', 'letter')), 1);
+    assert.equal(fake.seen.filter((s) => s.key === gate.key('run-throw', 'letter')).length, 1);
+  });
+});
+
+describe('reading operations and tools', () => {
+  test('operation(key) gives the record, receipt, outcome and events; a missing key is null', T, async () => {
+    const step = agent.workflow('run-read').step('record_issue');
+    const key = gate.key('run-read', 'record_issue');
+    const applied = await step.invoke('tickets.create', TICKET);
+    assert.equal(applied.outcome, 'applied');
+
+    const op = await agent.operation(key);
+    assert.ok(op);
+    assert.equal(op.operationKey, key);
+    assert.equal(op.tool, 'tickets.create');
+    assert.equal(op.recordStatus, 'applied');
+    assert.match(op.fingerprint, /^sha256:[0-9a-f]{64}$/);
+    assert.equal(op.receipt?.reference, applied.effectReference);
+    assert.equal(op.outcome.outcome, 'replayed');
+    assert.ok(op.events.some((e) => e.kind === 'claimed'));
+    assert.ok(op.events.some((e) => e.kind === 'sent'));
+    assert.equal(fake.effectsFor(key), 1);
+
+    assert.equal(await agent.operation(gate.key('run-read', 'never_invoked')), null);
+  });
+
+  test('tools() lists the loaded contracts with their identity rules', T, async () => {
+    const tools = await agent.tools();
+    assert.deepEqual(tools.map((t) => t.name).sort(), ['letters.send', 'notes.add', 'tickets.create']);
+    const tickets = await agent.tool('tickets.create');
+    assert.equal(tickets.effectClass, 'key_based');
+    assert.equal(tickets.operationIdentity, 'required');
+    assert.equal(tickets.approval, 'when_matches');
+    assert.deepEqual(tickets.inputSchema.required, ['subject', 'body']);
+    assert.ok(tickets.description.length > 0);
+  });
+
+  test('operator methods with an agent token are refused as forbidden', T, async () => {
+    await assert.rejects(agent.operations({ status: 'unknown' }), (e) => {
+      assert.ok(e instanceof RejectedError);
+      assert.equal(e.code, 'forbidden');
+      assert.equal(e.httpStatus, 403);
+      return true;
+    });
+  });
+});

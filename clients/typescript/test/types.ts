@@ -1,0 +1,48 @@
+// Compiled, never run (`npm run typecheck`): the published types narrow the way the README
+// says. A line marked @ts-expect-error fails the check if it ever compiles.
+
+import { Client, type Outcome, RejectedError, describeOutcome } from 'idemgate';
+import { idemgateTool, type ModelResult } from 'idemgate/ai';
+import type { Tool } from 'ai';
+
+declare const client: Client;
+
+export async function narrowing(): Promise<string> {
+  const o: Outcome = await client.workflow('run_827').step('record_issue').invoke('tickets.create', { subject: 's', body: 'b' });
+  switch (o.outcome) {
+    case 'applied':
+    case 'replayed': {
+      const reference: string = o.effectReference;
+      return reference;
+    }
+    case 'in_flight': {
+      const next: 'poll' | 'ask_for_approval' = o.nextAction;
+      const approval: boolean = o.awaitingApproval;
+      return `${next} ${approval} ${o.retryAfter ?? 0}`;
+    }
+    case 'rejected': {
+      const status: number = o.httpStatus;
+      return `${o.code} ${o.message} ${status} ${o.safeToRepeat}`;
+    }
+    case 'unknown': {
+      const next: 'reconcile' = o.nextAction;
+      return next;
+    }
+  }
+}
+
+export function rejectedOnly(o: Outcome): string {
+  // @ts-expect-error `code` exists only once the outcome is narrowed to rejected.
+  const code: string = o.code;
+  return code + describeOutcome(o);
+}
+
+export function errors(e: unknown): string | null {
+  return e instanceof RejectedError ? e.code : null;
+}
+
+export const aiTool: Tool<Record<string, unknown>, ModelResult> = idemgateTool(client, 'tickets.create', {
+  workflowId: 'run_827',
+  stepId: 'record_issue',
+  inputSchema: { type: 'object' },
+});
