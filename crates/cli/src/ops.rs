@@ -311,10 +311,7 @@ impl Client {
             url.query_pairs_mut().extend_pairs(query);
         }
         let posting = method == Method::POST;
-        let mut request = self
-            .http
-            .request(method, url)
-            .bearer_auth(&self.token);
+        let mut request = self.http.request(method, url).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(body);
         } else if posting {
@@ -370,7 +367,9 @@ impl Client {
             .send(Method::GET, &["v1", "operations", key], &[], None)
             .await?;
         if !reply.status.is_success() {
-            return Err(self.refusal(&reply, Some(key), "reading the operation").await);
+            return Err(self
+                .refusal(&reply, Some(key), "reading the operation")
+                .await);
         }
         let view = serde_json::from_value(reply.body.clone())
             .context("the gateway's operation does not have the expected shape")?;
@@ -503,9 +502,7 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
         .send(Method::GET, &["v1", "operations"], &query, None)
         .await?;
     if !reply.status.is_success() {
-        return Err(client
-            .refusal(&reply, None, "listing operations")
-            .await);
+        return Err(client.refusal(&reply, None, "listing operations").await);
     }
     if json {
         println!("{}", reply.raw);
@@ -773,15 +770,15 @@ fn print_change(
         ));
     }
     if b.approved_by != a.approved_by {
-        changes.push(format!(
-            "approved by {}",
-            or_none(a.approved_by.as_deref())
-        ));
+        changes.push(format!("approved by {}", or_none(a.approved_by.as_deref())));
     }
     if before.receipt != after.receipt
         && let Some(r) = &after.receipt
     {
-        changes.push(format!("receipt: reference {}, result {}", r.reference, r.result));
+        changes.push(format!(
+            "receipt: reference {}, result {}",
+            r.reference, r.result
+        ));
     }
     for change in changes {
         println!("  {change}");

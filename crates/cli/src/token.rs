@@ -104,11 +104,9 @@ fn new(args: NewArgs) -> anyhow::Result<ExitCode> {
     println!();
     println!("  {token}");
     println!();
-    println!(
-        "configuration lines for `idemgate serve --config` (a tenant already configured takes \
-         only the [[tenants.tokens]] table, under its [[tenants]] entry):"
-    );
-    println!();
+    // The lines below the token are TOML as a whole, comments included: paste them as they are.
+    println!("# For the configuration of `idemgate serve --config`. A tenant already configured");
+    println!("# takes only the [[tenants.tokens]] table, under its own [[tenants]] entry.");
     print!("{toml}");
     Ok(ExitCode::SUCCESS)
 }
@@ -116,7 +114,11 @@ fn new(args: NewArgs) -> anyhow::Result<ExitCode> {
 /// The same rule as the gateway's configuration: printable ASCII without spaces or `:`, since
 /// the tenant is part of every operation key.
 fn check_tenant(tenant: &str) -> anyhow::Result<()> {
-    if tenant.is_empty() || !tenant.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':') {
+    if tenant.is_empty()
+        || !tenant
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b':')
+    {
         bail!(
             "--tenant {tenant:?} must be printable ASCII without spaces or `:` (it is part of \
              every operation key)"
@@ -146,7 +148,11 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.len(), 4 + 64);
         assert!(a.starts_with("idg_"));
-        assert!(a[4..].bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            a[4..]
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
     }
 
     #[test]
