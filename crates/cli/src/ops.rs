@@ -59,10 +59,12 @@ enum Command {
     /// Show an operation: the record, the receipt, the outcome a caller gets now, the timeline.
     Show {
         /// The operation key, `tenant:environment:workflow_id:step_id`.
+        #[arg(value_parser = operation_key)]
         key: String,
     },
     /// Approve an operation awaiting approval: its effect then runs once.
     Approve {
+        #[arg(value_parser = operation_key)]
         key: String,
         /// Approve only if the operation is still this exact request (`sha256:…`, as `show`
         /// prints it).
@@ -71,6 +73,7 @@ enum Command {
     },
     /// Deny an operation awaiting approval: every later delivery gets the refusal.
     Deny {
+        #[arg(value_parser = operation_key)]
         key: String,
         /// Why; recorded with the operator's name.
         #[arg(long, value_name = "R", value_parser = non_empty)]
@@ -102,6 +105,7 @@ struct ListArgs {
 
 #[derive(Debug, clap::Args)]
 struct ReconcileArgs {
+    #[arg(value_parser = operation_key)]
     key: String,
     /// The effect happened: record it with --reference (and optionally --result).
     #[arg(long, requires = "reference", conflicts_with = "not_applied")]
@@ -118,6 +122,17 @@ struct ReconcileArgs {
     /// Do not ask for confirmation of --not-applied (for scripts).
     #[arg(long, requires = "not_applied")]
     yes: bool,
+}
+
+/// A key has four non-empty parts; the gateway judges the rest (and answers 404 for a key of
+/// another tenant exactly as for a missing one).
+fn operation_key(text: &str) -> Result<String, String> {
+    let parts: Vec<&str> = text.splitn(4, ':').collect();
+    if parts.len() == 4 && parts.iter().all(|p| !p.is_empty()) {
+        Ok(text.to_string())
+    } else {
+        Err("an operation key is tenant:environment:workflow_id:step_id".into())
+    }
 }
 
 fn non_empty(text: &str) -> Result<String, String> {
@@ -367,9 +382,8 @@ impl Client {
             .send(Method::GET, &["v1", "operations", key], &[], None)
             .await?;
         if !reply.status.is_success() {
-            return Err(self
-                .refusal(&reply, Some(key), "reading the operation")
-                .await);
+            let reading = Needs::AnyToken("reading the operation");
+            return Err(self.refusal(&reply, Some(key), reading).await);
         }
         let view = serde_json::from_value(reply.body.clone())
             .context("the gateway's operation does not have the expected shape")?;
@@ -377,15 +391,21 @@ impl Client {
     }
 
     /// The error for a refused request, naming what was wrong.
-    async fn refusal(&self, reply: &Reply, key: Option<&str>, action: &str) -> anyhow::Error {
+    async fn refusal(&self, reply: &Reply, key: Option<&str>, needs: Needs) -> anyhow::Error {
         let detail = reply.detail();
         let label = reply.label();
+        let (action, operator_only) = match needs {
+            Needs::AnyToken(action) => (action, false),
+            Needs::Operator(action) => (action, true),
+        };
         match (reply.status.as_u16(), reply.code()) {
             (401, _) => anyhow!(
                 "the gateway refused the token in {TOKEN_VAR} ({label}: {detail}); it is not one \
                  of this gateway's tokens"
             ),
-            (403, Some("forbidden")) => match self.is_operator().await {
+            // An agent may read its own operations: a 403 there is the tool's authorization
+            // check, never the role.
+            (403, Some("forbidden")) if operator_only => match self.is_operator().await {
                 Some(false) => anyhow!(
                     "the token in {TOKEN_VAR} is an agent token; {action} needs an operator \
                      token ({label}); nothing changed"
@@ -423,6 +443,13 @@ impl Client {
             _ => None,
         }
     }
+}
+
+/// What a refused request needed, for its message.
+#[derive(Debug, Clone, Copy)]
+enum Needs {
+    AnyToken(&'static str),
+    Operator(&'static str),
 }
 
 /// The innermost cause of a transport error, which names the refusal or the timeout.
@@ -502,7 +529,8 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
         .send(Method::GET, &["v1", "operations"], &query, None)
         .await?;
     if !reply.status.is_success() {
-        return Err(client.refusal(&reply, None, "listing operations").await);
+        let listing = Needs::Operator("listing operations");
+        return Err(client.refusal(&reply, None, listing).await);
     }
     if json {
         println!("{}", reply.raw);
@@ -704,7 +732,8 @@ async fn act(
             if json {
                 println!("{}", reply.raw);
             }
-            return Err(client.refusal(&reply, Some(key), action.describe()).await);
+            let needs = Needs::Operator(action.describe());
+            return Err(client.refusal(&reply, Some(key), needs).await);
         }
     }
     if json {

@@ -568,7 +568,19 @@ async fn refusals_name_what_is_wrong_and_change_nothing() {
         "{missing:?}"
     );
 
-    // An agent token: listing and resolving are for operators.
+    let malformed = ops(&gateway, OPERATOR, &["show", "run-1:close"]).await;
+    expect_code(&malformed, 2);
+    assert!(
+        malformed
+            .stderr
+            .contains("tenant:environment:workflow_id:step_id"),
+        "{malformed:?}"
+    );
+
+    // An agent token reads its tenant's operations, but listing and resolving are for operators.
+    let read = ops(&gateway, AGENT, &["show", &k]).await;
+    expect_code(&read, 0);
+    assert!(read.stdout.contains("timeline"), "{read:?}");
     for args in [
         vec!["list"],
         vec!["reconcile", k.as_str(), "--applied", "--reference", "x"],
