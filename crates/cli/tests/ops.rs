@@ -717,3 +717,84 @@ async fn the_queue_pages_with_a_cursor() {
     let too_many = ops(&gateway, OPERATOR, &["list", "--limit", "501"]).await;
     expect_code(&too_many, 2);
 }
+
+/// Runs `idemgate ops ARGS` on a pseudo-terminal (util-linux `script`), typing `typed`.
+fn ops_on_a_terminal(gateway: &Gateway, args: &[&str], typed: &str) -> support::Run {
+    use std::io::Write;
+    let mut command = shell_quote(env!("CARGO_BIN_EXE_idemgate"));
+    for arg in ["ops"].iter().chain(args) {
+        command.push(' ');
+        command.push_str(&shell_quote(arg));
+    }
+    let mut child = std::process::Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env("IDEMGATE_GATEWAY", &gateway.url)
+        .env("IDEMGATE_TOKEN", OPERATOR)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` runs the command on a pseudo-terminal");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(typed.as_bytes())
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("{args:?} on a terminal still running after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    support::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_applied_on_a_terminal_asks_first() {
+    let gateway = sandbox_gateway();
+    let k = key("sandbox-timeout-5", "close");
+    let first = invoke(
+        &gateway,
+        "tickets.set_status",
+        "sandbox-timeout-5",
+        "close",
+        set_status(),
+    )
+    .await;
+    assert_eq!(first.body["outcome"], "unknown", "{first:?}");
+    let before = record(&gateway, &k).await;
+
+    let args = ["reconcile", k.as_str(), "--not-applied"];
+    let declined = tokio::task::block_in_place(|| ops_on_a_terminal(&gateway, &args, "no\n"));
+    expect_code(&declined, 2);
+    // On a terminal everything arrives on one stream: the question, then the refusal.
+    in_order(
+        &declined.stdout,
+        &["Type yes", "not confirmed; nothing changed"],
+    );
+    assert_eq!(
+        record(&gateway, &k).await,
+        before,
+        "declined: nothing changed"
+    );
+
+    let confirmed = tokio::task::block_in_place(|| ops_on_a_terminal(&gateway, &args, "yes\n"));
+    expect_code(&confirmed, 0);
+    in_order(
+        &confirmed.stdout,
+        &["Type yes", &k, "unknown ->", "reconciled"],
+    );
+    assert_ne!(record(&gateway, &k).await["record_status"], "unknown");
+}
