@@ -14,7 +14,10 @@ use clap::{Parser, Subcommand};
 mod conformance;
 mod contract;
 mod demo;
+mod migrate;
+mod ops;
 mod stores;
+mod token;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,6 +53,14 @@ enum Command {
     Serve(idemgate_server::ServeArgs),
     /// Serve the contracts as MCP tools over stdio, for one local agent.
     Mcp(idemgate_mcp::cli::McpArgs),
+    /// Operators' actions against a gateway: the reconciliation queue, approvals, timelines.
+    /// The token is read from IDEMGATE_TOKEN.
+    Ops(ops::OpsArgs),
+    /// Mint bearer tokens for the gateway's configuration.
+    #[command(subcommand)]
+    Token(token::Command),
+    /// Apply a store's schema migrations and report its schema version.
+    Migrate(migrate::MigrateArgs),
 }
 
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
@@ -125,6 +136,9 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             })
         }),
+        Command::Ops(args) => runtime().and_then(|rt| rt.block_on(ops::run(args))),
+        Command::Token(command) => token::run(command),
+        Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),
     };
     match result {
         Ok(code) => code,

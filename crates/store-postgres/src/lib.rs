@@ -17,7 +17,8 @@
 //!   single-row statements kept.
 //! - `conn` — pool checkout, client-side deadlines, and the rules that classify a failure as
 //!   `Unavailable` (nothing changed) or `Ambiguous` (a write may have committed).
-//! - [`migrate`] — embedded, versioned migrations applied under an advisory lock.
+//! - [`migrate`] — embedded, versioned migrations applied under an advisory lock;
+//!   [`PgStore::migrate_url`] applies them alone and reports the versions ([`Migration`]).
 //! - `testing` (feature `testing`) — a throwaway database per test run, shared with other
 //!   crates' tests.
 //!
@@ -56,6 +57,13 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::batch::{Batcher, ClaimJob, Reply, TransitionJob};
 use crate::conn::{Conn, Kind};
+
+/// What [`PgStore::migrate_url`] found and left: schema versions, 0 for an empty database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    pub from: i32,
+    pub to: i32,
+}
 
 /// How a [`PgStore`] connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +142,54 @@ impl PgStore {
     /// migrations the database lacks. Fails with `Unavailable` when the database cannot be
     /// reached or its schema is newer than this build.
     pub async fn connect(url: &str, options: Options) -> Result<PgStore, store::Error> {
+        let store = PgStore::build(url, options)?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Brings the database at `url` up to this build's schema and reports the version it was
+    /// at and the version it is at now (`idemgate migrate`). Running it again is a no-op that
+    /// reports the same version twice.
+    pub async fn migrate_url(url: &str, options: Options) -> Result<Migration, store::Error> {
+        let store = PgStore::build(url, options)?;
+        let from = store.schema_version().await?;
+        let to = store.migrate().await?;
+        Ok(Migration { from, to })
+    }
+
+    /// The schema version the database is at: 0 before the first migration.
+    pub async fn schema_version(&self) -> Result<i32, store::Error> {
+        let mut conn = self.conn().await?;
+        let failed = |e: tokio_postgres::Error| {
+            store::Error::Unavailable(format!(
+                "reading the schema version: {}",
+                conn::describe(&e)
+            ))
+        };
+        let client = conn.client_mut();
+        // The version table is created by the first migration run; until then there is none.
+        let table = client
+            .query_one(
+                "SELECT to_regclass('idemgate_schema_version') IS NOT NULL",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        if !table.get::<_, bool>(0) {
+            return Ok(0);
+        }
+        let row = client
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM idemgate_schema_version",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        Ok(row.get(0))
+    }
+
+    /// The pool for `url`, without touching the schema.
+    fn build(url: &str, options: Options) -> Result<PgStore, store::Error> {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| store::Error::Unavailable(format!("invalid database URL: {e}")))?;
@@ -223,13 +279,11 @@ impl PgStore {
         } else {
             None
         };
-        let store = PgStore {
+        Ok(PgStore {
             pool,
             deadline,
             batcher,
-        };
-        store.migrate().await?;
-        Ok(store)
+        })
     }
 
     /// Applies the migrations the database lacks and returns the schema version. Safe to call

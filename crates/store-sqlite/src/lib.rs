@@ -3,7 +3,8 @@
 //! Reading order:
 //!
 //! - [`SqliteStore`] — implements [`idemgate_core::store::Store`]. [`SqliteStore::open`] takes a
-//!   path and [`Options`]; the handle is cheap to clone and shared by every task.
+//!   path and [`Options`]; the handle is cheap to clone and shared by every task. [`migrate`]
+//!   opens a file only to bring its schema up to date and report the versions.
 //! - `schema` — versioned migrations of our own (`migrations/*.sql`, embedded), tracked by
 //!   `PRAGMA user_version`. A file written by a newer idemgate is refused.
 //! - `writer` — **group commit**: one thread of our own owns the only write connection, runs
@@ -181,6 +182,14 @@ impl SqliteStore {
         })
     }
 
+    /// The schema version of the file (`PRAGMA user_version`): [`SCHEMA_VERSION`] once open.
+    pub fn schema_version(&self) -> Result<i64, Error> {
+        self.read(|conn| {
+            conn.pragma_query_value(None, "user_version", |r| r.get(0))
+                .context(|| "reading the schema version".into())
+        })
+    }
+
     /// The file this store writes.
     pub fn path(&self) -> &Path {
         &self.inner.path
@@ -194,6 +203,32 @@ impl SqliteStore {
     fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
         self.inner.readers.with(read)
     }
+}
+
+/// What [`migrate`] found and left: schema versions, 0 for a new file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    pub from: i64,
+    pub to: i64,
+}
+
+/// Brings the file at `path` to this build's schema, creating it when missing, exactly as
+/// opening it as a store does, and reports the version it was at and the version it is at now
+/// (`idemgate migrate`). Running it again is a no-op that reports the same version twice.
+pub fn migrate(path: impl AsRef<Path>, options: Options) -> Result<Migration, Error> {
+    let path = path.as_ref();
+    let shown = path.display().to_string();
+    let from = if path.exists() {
+        // Without CREATE, and closed before the store opens the file: only the header is read.
+        let conn = connect(path, &options, false).context(|| format!("opening {shown}"))?;
+        conn.pragma_query_value(None, "user_version", |r| r.get(0))
+            .context(|| format!("reading the schema version of {shown}"))?
+    } else {
+        0
+    };
+    let store = SqliteStore::open(path, options)?;
+    let to = store.schema_version()?;
+    Ok(Migration { from, to })
 }
 
 fn connect(path: &Path, options: &Options, create: bool) -> rusqlite::Result<Connection> {
