@@ -18,6 +18,8 @@ mod migrate;
 mod ops;
 mod stores;
 mod token;
+#[cfg(feature = "otel")]
+mod traces;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,28 +68,61 @@ enum Command {
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
 /// (the access log, one line per request) and every other command logs nothing: the demo's
 /// output is for people, and keys, fingerprints and references are all a log line would add.
-fn logs(format: LogFormat, server: bool) {
+/// A server also exports traces when the OTLP variables ask for it (see `traces`).
+fn logs(format: LogFormat, server: bool) -> Option<Traces> {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, Registry};
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.trim().is_empty() => EnvFilter::new(directives),
         _ if server => EnvFilter::new("warn,idemgate=info"),
         _ => EnvFilter::new("off"),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match format {
+        LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .with_span_list(false)
-            .try_init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
-    };
+            .with_span_list(true)
+            .boxed(),
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).boxed(),
+    }];
+    let traces = if server { traces_layer() } else { None };
+    let traces = traces.map(|(layer, traces)| {
+        layers.push(layer);
+        traces
+    });
+    let _ = Registry::default()
+        .with(layers.with_filter(filter))
+        .try_init();
+    traces
+}
+
+#[cfg(feature = "otel")]
+type Traces = traces::Traces;
+#[cfg(not(feature = "otel"))]
+struct Traces;
+#[cfg(not(feature = "otel"))]
+impl Traces {
+    fn shutdown(self) {}
+}
+
+#[cfg(feature = "otel")]
+fn traces_layer() -> Option<(
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>,
+    Traces,
+)> {
+    traces::layer()
+}
+
+#[cfg(not(feature = "otel"))]
+fn traces_layer() -> Option<(
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>,
+    Traces,
+)> {
+    None
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -102,7 +137,7 @@ const FAILURE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `idemgate mcp` speaks JSON-RPC on stdout; its logs, like every command's, go to stderr.
-    logs(
+    let traces = logs(
         cli.log_format,
         matches!(cli.command, Command::Serve(_) | Command::Mcp(_)),
     );
@@ -140,6 +175,9 @@ fn main() -> ExitCode {
         Command::Token(command) => token::run(command),
         Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),
     };
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     match result {
         Ok(code) => code,
         Err(error) => {

@@ -307,6 +307,7 @@ impl Exchange {
 /// Sends one request and reads its answer, bounded by the request's timeout and
 /// [`MAX_ANSWER_BYTES`].
 pub(crate) async fn exchange(builder: reqwest::RequestBuilder) -> Exchange {
+    let builder = crate::trace::propagate(builder);
     let mut response = match builder.send().await {
         Ok(r) => r,
         Err(e) => return Exchange::Failed(transport(&e)),

@@ -26,6 +26,7 @@ mod classify;
 mod config;
 mod downstream;
 mod template;
+mod trace;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -73,7 +73,13 @@ pub async fn layer(request: Request, next: Next) -> Response {
             }
         });
     let tool = tool_of(&route, request.uri().path());
-    let span = tracing::info_span!("request", request_id = %id);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+    );
+    adopt_parent(&span, request.headers());
     let mut response = next.run(request).instrument(span.clone()).await;
     let latency = started.elapsed();
     let status = response.status().as_u16();
@@ -127,6 +133,33 @@ pub async fn layer(request: Request, next: Next) -> Response {
         .record(latency.as_secs_f64());
     response
 }
+
+/// A caller's W3C `traceparent` (and `tracestate`) becomes the parent of the request's span,
+/// with the `otel` feature; without it, or without a valid header, the request starts a trace.
+#[cfg(feature = "otel")]
+fn adopt_parent(span: &tracing::Span, headers: &axum::http::HeaderMap) {
+    use opentelemetry::propagation::Extractor;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    struct Headers<'a>(&'a axum::http::HeaderMap);
+    impl Extractor for Headers<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            self.0.get(key).and_then(|v| v.to_str().ok())
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0.keys().map(|k| k.as_str()).collect()
+        }
+    }
+
+    if !headers.contains_key("traceparent") {
+        return;
+    }
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
+    let _ = span.set_parent(parent);
+}
+
+#[cfg(not(feature = "otel"))]
+fn adopt_parent(_span: &tracing::Span, _headers: &axum::http::HeaderMap) {}
 
 /// Approvals, denials and reconciliations, by route. A 202 or 409 answer to an approval is
 /// done: the approval was recorded, the effect's outcome is unknown or in flight.

@@ -13,6 +13,8 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::record::Record;
 
+use tracing::Instrument;
+
 use super::{Caller, Executor};
 
 /// The role a deferred recheck (recovery, approval, resend) presents for the recorded actor:
@@ -95,7 +97,12 @@ impl Executor {
             fingerprint,
             stage,
         };
-        match self.authorizer.authorize(request).await {
+        let decision = self
+            .authorizer
+            .authorize(request)
+            .instrument(tracing::info_span!("authorize", stage = ?stage))
+            .await;
+        match decision {
             Authorization::Allowed => Ok(()),
             Authorization::Denied(reason) => Err(Refused::Denied(reason)),
             // Fail closed: an unreachable hook is not a permission.

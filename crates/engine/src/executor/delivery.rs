@@ -13,6 +13,7 @@ use idemgate_core::record::Record;
 use idemgate_core::store::Claimed;
 use idemgate_core::transitions::{self, Hold};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::perform::Claim;
 use super::{Executor, Operation, store_down};
@@ -47,6 +48,29 @@ impl Executor {
     /// unfinished is recovered after its lease). A face whose callers may go away while an
     /// effect runs uses [`Executor::execute_detached`] instead.
     pub async fn execute(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        arguments: &Value,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        // One span per delivery; its children are the claim, the authorization hook, the
+        // downstream call and the finalising write. The outcome and the fence are recorded on it
+        // as they become known.
+        let span = tracing::info_span!(
+            "delivery",
+            tool = contract.name.as_str(),
+            operation_key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            attempt = tracing::field::Empty,
+            fence = tracing::field::Empty,
+        );
+        self.deliver(contract, operation, arguments, effect)
+            .instrument(span)
+            .await
+    }
+
+    async fn deliver(
         &self,
         contract: &Contract,
         operation: &Operation,
@@ -269,9 +293,15 @@ impl Executor {
             Some(window) => {
                 self.store
                     .claim_unless_duplicate(record, events, at.now - window.millis())
+                    .instrument(tracing::info_span!("claim"))
                     .await
             }
-            None => self.store.claim(record, events).await,
+            None => {
+                self.store
+                    .claim(record, events)
+                    .instrument(tracing::info_span!("claim"))
+                    .await
+            }
         };
         match claimed {
             Err(e) => store_down(Some(key), &e),

@@ -92,8 +92,11 @@ impl Executor {
             if now >= deadline {
                 return outcome;
             }
-            let pause = Duration::from_millis(250)
-                .max(Duration::from_secs(outcome.retry_after_seconds.unwrap_or(1)) / 4);
+            // A quarter of the advised pause, between 250 ms and 1 s: a waiting caller hears
+            // of a settled operation within a second, and a long lease or job interval does not
+            // turn into a long sleep past the settlement.
+            let pause = (Duration::from_secs(outcome.retry_after_seconds.unwrap_or(1)) / 4)
+                .clamp(Duration::from_millis(250), Duration::from_secs(1));
             tokio::time::sleep(pause.min(deadline - now)).await;
         }
     }

@@ -174,6 +174,12 @@ impl Executor {
     }
 
     fn observe(&self, tool: &str, fp: Option<&Fingerprint>, outcome: Outcome) -> Outcome {
+        // On the delivery's span (a no-op on any other).
+        let span = tracing::Span::current();
+        span.record("outcome", outcome.status.as_str());
+        if let Some(key) = &outcome.operation_key {
+            span.record("operation_key", key.as_str());
+        }
         tracing::info!(
             tool,
             operation_key = outcome.operation_key.as_ref().map(|k| k.as_str()),

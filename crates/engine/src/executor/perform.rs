@@ -16,6 +16,8 @@ use idemgate_core::record::{Dispatch, Event, EventKind, Millis, Receipt, Record,
 use idemgate_core::store::{Cas, Transition};
 use idemgate_core::transitions;
 
+use tracing::Instrument;
+
 use super::authorize::{Authorized, Refused};
 use super::{Executor, store_down, unrecorded};
 
@@ -343,7 +345,12 @@ impl Executor {
                 attempt: record.fence,
                 precondition: contract.precondition(arguments),
             };
-            let call = effect.perform(request);
+            let current = tracing::Span::current();
+            current.record("attempt", record.fence);
+            current.record("fence", record.fence);
+            let call = effect
+                .perform(request)
+                .instrument(tracing::info_span!("downstream", attempt = record.fence));
             tokio::pin!(call);
             let every = Duration::from_millis((contract.lease.millis() / 3).max(500) as u64);
             loop {
@@ -388,7 +395,10 @@ impl Executor {
             };
         }
         drop(proof);
-        effect.perform(request).await
+        effect
+            .perform(request)
+            .instrument(tracing::info_span!("downstream"))
+            .await
     }
 
     /// A receipt lookup by key where the contract offers one; `None` when there is none, it
@@ -402,7 +412,11 @@ impl Executor {
         if !contract.receipt_lookup() {
             return None;
         }
-        match effect.lookup_receipt(key).await {
+        match effect
+            .lookup_receipt(key)
+            .instrument(tracing::info_span!("lookup"))
+            .await
+        {
             Lookup::Found(receipt) if !receipt.reference.is_empty() => Some(receipt),
             Lookup::Found(_) | Lookup::NotFound | Lookup::Unavailable(_) => None,
         }
@@ -445,7 +459,12 @@ impl Executor {
         let attempt = t.fence;
         // Conditional on the fence, not on the lease: a renewal does not change the fence, and
         // a takeover does, so a late finisher cannot overwrite the newer attempt.
-        match self.store.transition(t).await {
+        let written = self
+            .store
+            .transition(t)
+            .instrument(tracing::info_span!("finalise"))
+            .await;
+        match written {
             Ok(Cas::Done(r)) => {
                 self.settled.offer(&r, self.now());
                 Outcome::applied(key, receipt.reference, receipt.result)
@@ -512,7 +531,12 @@ impl Executor {
         let record = claim.finish();
         let key = record.key.clone();
         let t = transitions::job_accepted(&record, contract, job_id.clone(), sent, self.at());
-        match self.store.transition(t).await {
+        let written = self
+            .store
+            .transition(t)
+            .instrument(tracing::info_span!("finalise"))
+            .await;
+        match written {
             Ok(Cas::Done(_)) => {
                 Outcome::in_flight(key, NextAction::Poll, machine::JOB_POLL_SECONDS)
             }
@@ -542,7 +566,12 @@ impl Executor {
     ) -> Outcome {
         let record = claim.finish();
         let t = transitions::release(&record, contract, reason, sent, self.at());
-        match self.store.transition(t).await {
+        let written = self
+            .store
+            .transition(t)
+            .instrument(tracing::info_span!("finalise"))
+            .await;
+        match written {
             Ok(Cas::Done(_)) => answer,
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, record.key.clone(), now),
             Err(e) => {
@@ -606,7 +635,12 @@ impl Executor {
         reference: Option<String>,
     ) -> Outcome {
         let key = record.key.clone();
-        match self.store.transition(t).await {
+        let written = self
+            .store
+            .transition(t)
+            .instrument(tracing::info_span!("finalise"))
+            .await;
+        match written {
             Ok(Cas::Done(_)) => Outcome::unknown(key, reason).with_reference(reference),
             Ok(Cas::Lost(Some(r))) => machine::status_outcome(None, &r, self.now()),
             Ok(Cas::Lost(None)) => Outcome::unknown(key, reason).with_reference(reference),
