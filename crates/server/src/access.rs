@@ -8,11 +8,12 @@
 //! and, for an answer that is an outcome, the tenant, the operation key, the tool and the
 //! label. **Never arguments, results or headers.**
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
@@ -73,6 +74,7 @@ pub async fn layer(request: Request, next: Next) -> Response {
             }
         });
     let tool = tool_of(&route, request.uri().path());
+    let (request, body_read) = track_body(request);
     let span = tracing::info_span!(
         "request",
         request_id = %id,
@@ -85,6 +87,16 @@ pub async fn layer(request: Request, next: Next) -> Response {
     let status = response.status().as_u16();
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
+    }
+    if let Some(read) = body_read
+        && !read.load(Ordering::Acquire)
+    {
+        // Refused before its body was read (unknown tool, bad token, too large): the rest of
+        // the body is still on the connection, so the connection cannot carry another request.
+        // Say so, rather than let the client find it closed under its next request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let logged = response.extensions().get::<Logged>().cloned();
     let (tenant, key, outcome, code) = match &logged {
@@ -169,6 +181,54 @@ fn operator_action(route: &str) -> Option<&'static str> {
         "/v1/operations/{operation_key}/deny" => Some("deny"),
         "/v1/operations/{operation_key}/reconcile" => Some("reconcile"),
         _ => None,
+    }
+}
+
+/// A request body that says when it has been read to its end; `None` for a request without
+/// one.
+fn track_body(request: Request) -> (Request, Option<Arc<AtomicBool>>) {
+    use http_body::Body as _;
+    if request.body().is_end_stream() {
+        return (request, None);
+    }
+    let read = Arc::new(AtomicBool::new(false));
+    let (parts, body) = request.into_parts();
+    let tracked = Tracked {
+        inner: body,
+        read: read.clone(),
+    };
+    (
+        Request::from_parts(parts, axum::body::Body::new(tracked)),
+        Some(read),
+    )
+}
+
+struct Tracked {
+    inner: axum::body::Body,
+    read: Arc<AtomicBool>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(frame, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::Release);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

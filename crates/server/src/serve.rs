@@ -77,7 +77,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
 }
 
 /// A store URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];

@@ -450,3 +450,81 @@ retention:
     gate.stop().await;
     fake.shutdown().await;
 }
+
+/// A request refused before its body was read (here: an unknown tool) leaves the rest of the
+/// body on the connection; the answer says `Connection: close`, so a keep-alive client opens a
+/// new connection instead of losing its next request on this one. A request whose body was
+/// read keeps the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_is_read_closes_the_connection_honestly() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tickets = FakeServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::start(state(
+        sqlite(&dir.path().join("gate.sqlite")),
+        vec![tickets_contract(tickets.addr())],
+    ))
+    .await;
+    let request = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: gate\r\nAuthorization: Bearer {AGENT}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let read_head = |text: &str| {
+        text.split("\r\n\r\n")
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    };
+    let padding = "x".repeat(4000);
+    let body = format!(
+        r#"{{"workflow_id": "w", "step_id": "s", "arguments": {{"subject": "{padding}", "body": "b"}}}}"#
+    );
+
+    // Refused before the body: the answer closes the connection, and says so.
+    let mut stream = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    stream
+        .write_all(request("/v1/tools/no.such.tool/invoke", &body).as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection is closed after the answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    assert!(
+        read_head(&text).contains("connection: close"),
+        "a connection that cannot carry another request says so: {text}"
+    );
+
+    // Read to its end: the connection carries the next request.
+    let mut stream = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let wrong = r#"{"workflow_id": "w", "step_id": "s", "arguments": {"subject": 5, "body": "b"}}"#;
+    stream
+        .write_all(request("/v1/tools/tickets.create/invoke", wrong).as_bytes())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: gate\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let mut buffer = [0u8; 8192];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.matches("HTTP/1.1 ").count() < 2 {
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut buffer))
+            .await
+            .expect("both answers arrive")
+            .unwrap();
+        assert!(n > 0, "the connection closed after one answer: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
+    }
+    assert!(seen.starts_with("HTTP/1.1 400"), "{seen}");
+    assert!(!read_head(&seen).contains("connection: close"), "{seen}");
+    assert_eq!(tickets.downstream().effects(), 0);
+    tickets.shutdown().await;
+}

@@ -13,7 +13,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::machine::{self, AfterEffect, Prior};
 use idemgate_core::outcome::{NextAction, Outcome, Status};
 use idemgate_core::record::{Dispatch, Event, EventKind, Millis, Receipt, Record, RecordState};
-use idemgate_core::store::{Cas, Transition};
+use idemgate_core::store::{self, Cas, Transition};
 use idemgate_core::transitions;
 
 use tracing::Instrument;
@@ -449,6 +449,14 @@ impl Executor {
         self.settle_applied(contract, t, receipt).await
     }
 
+    /// The write that settles (or releases) a claim, in its own `finalise` span.
+    async fn finalise(&self, t: Transition) -> Result<Cas, store::Error> {
+        self.store
+            .transition(t)
+            .instrument(tracing::info_span!("finalise"))
+            .await
+    }
+
     async fn settle_applied(
         &self,
         contract: &Contract,
@@ -459,11 +467,7 @@ impl Executor {
         let attempt = t.fence;
         // Conditional on the fence, not on the lease: a renewal does not change the fence, and
         // a takeover does, so a late finisher cannot overwrite the newer attempt.
-        let written = self
-            .store
-            .transition(t)
-            .instrument(tracing::info_span!("finalise"))
-            .await;
+        let written = self.finalise(t).await;
         match written {
             Ok(Cas::Done(r)) => {
                 self.settled.offer(&r, self.now());
@@ -531,11 +535,7 @@ impl Executor {
         let record = claim.finish();
         let key = record.key.clone();
         let t = transitions::job_accepted(&record, contract, job_id.clone(), sent, self.at());
-        let written = self
-            .store
-            .transition(t)
-            .instrument(tracing::info_span!("finalise"))
-            .await;
+        let written = self.finalise(t).await;
         match written {
             Ok(Cas::Done(_)) => {
                 Outcome::in_flight(key, NextAction::Poll, machine::JOB_POLL_SECONDS)
@@ -566,11 +566,7 @@ impl Executor {
     ) -> Outcome {
         let record = claim.finish();
         let t = transitions::release(&record, contract, reason, sent, self.at());
-        let written = self
-            .store
-            .transition(t)
-            .instrument(tracing::info_span!("finalise"))
-            .await;
+        let written = self.finalise(t).await;
         match written {
             Ok(Cas::Done(_)) => answer,
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, record.key.clone(), now),
@@ -635,11 +631,7 @@ impl Executor {
         reference: Option<String>,
     ) -> Outcome {
         let key = record.key.clone();
-        let written = self
-            .store
-            .transition(t)
-            .instrument(tracing::info_span!("finalise"))
-            .await;
+        let written = self.finalise(t).await;
         match written {
             Ok(Cas::Done(_)) => Outcome::unknown(key, reason).with_reference(reference),
             Ok(Cas::Lost(Some(r))) => machine::status_outcome(None, &r, self.now()),
