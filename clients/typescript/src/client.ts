@@ -133,6 +133,15 @@ interface Answer {
   url: string;
 }
 
+/** What one request carries besides its method and path. */
+interface RequestOptions {
+  body?: unknown;
+  headers?: Record<string, string>;
+  /** Added to the client's timeout: a `wait`'s seconds. */
+  extraMs?: number;
+  signal?: AbortSignal;
+}
+
 const DEFAULT_TIMEOUT_MS = 30_000;
 
 /** Checks one part of an operation key the way the gateway will, so nothing is sent in vain. */
@@ -147,37 +156,44 @@ function checkPart(name: string, value: unknown): string {
   return value;
 }
 
-function pick<T>(o: Record<string, unknown>, name: string, fallback: T): T {
-  return (o[name] ?? fallback) as T;
+/** A member's name in the API: `effectReference` is `effect_reference`. */
+function wireName(name: string): string {
+  return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+}
+
+/**
+ * Reads an object of the API as `T`: each member of `defaults` from its snake_case name, or its
+ * default where the answer has none (or null).
+ */
+function fromWire<T extends object>(o: Record<string, unknown>, defaults: T): T {
+  const read = { ...defaults };
+  for (const name of Object.keys(defaults) as (keyof T & string)[]) {
+    read[name] = (o[wireName(name)] ?? defaults[name]) as T[keyof T & string];
+  }
+  return read;
 }
 
 function summaryOf(o: Record<string, unknown>): OperationSummary {
-  return {
-    operationKey: pick(o, 'operation_key', ''),
-    tool: pick(o, 'tool', ''),
-    toolVersion: pick(o, 'tool_version', ''),
-    recordStatus: pick(o, 'record_status', ''),
-    fingerprint: pick(o, 'fingerprint', ''),
-    attempt: pick(o, 'attempt', 0),
-    effectReference: pick(o, 'effect_reference', null),
-    jobId: pick(o, 'job_id', null),
-    approvedBy: pick(o, 'approved_by', null),
-    createdAt: pick(o, 'created_at', 0),
-    updatedAt: pick(o, 'updated_at', 0),
-    expiresAt: pick(o, 'expires_at', 0),
-  };
+  return fromWire<OperationSummary>(o, {
+    operationKey: '', tool: '', toolVersion: '', recordStatus: '', fingerprint: '', attempt: 0,
+    effectReference: null, jobId: null, approvedBy: null, createdAt: 0, updatedAt: 0, expiresAt: 0,
+  });
 }
 
 function toolOf(o: Record<string, unknown>): ToolInfo {
-  return {
-    name: pick(o, 'name', ''),
-    version: pick(o, 'version', ''),
-    description: pick(o, 'description', ''),
-    effectClass: pick(o, 'effect_class', 'key_based'),
-    operationIdentity: pick(o, 'operation_identity', 'required'),
-    approval: pick(o, 'approval', 'never'),
-    inputSchema: pick(o, 'input_schema', {}),
-  };
+  return fromWire<ToolInfo>(o, {
+    name: '', version: '', description: '', effectClass: 'key_based', operationIdentity: 'required',
+    approval: 'never', inputSchema: {},
+  });
+}
+
+function eventOf(o: Record<string, unknown>): OperationEvent {
+  return fromWire<OperationEvent>(o, { kind: '', at: 0, attempt: 0, worker: '', detail: null });
+}
+
+/** The path of the operation under `operationKey`. */
+function operationPath(operationKey: string): string {
+  return `/v1/operations/${encodeURIComponent(operationKey)}`;
 }
 
 /** The connection error's code, looked up through `cause` chains (undici wraps them). */
@@ -237,7 +253,7 @@ export class Client {
 
   /** A workflow run, named from the application's own state: its steps name operations. */
   workflow(workflowId: string): Workflow {
-    return new Workflow(this, checkPart('workflowId', workflowId));
+    return new Workflow(this, workflowId);
   }
 
   /**
@@ -269,27 +285,14 @@ export class Client {
       headers.prefer = `wait=${options.wait}`;
       extraMs = options.wait * 1000;
     }
-    const answer = await this.#request('POST', `/v1/tools/${encodeURIComponent(tool)}/invoke`, {
-      body,
-      headers,
-      extraMs,
-      signal: options.signal,
-    });
-    const outcome = this.#outcome(answer);
-    if (outcome.outcome === 'rejected') {
-      if (outcome.code === 'unknown_tool') throw new UnknownToolError(tool, outcome);
-      if (outcome.code === 'missing_operation_key') throw new MissingIdentityError(tool, outcome);
-    }
-    return this.#settle(outcome, options.throw, tool);
+    const path = `/v1/tools/${encodeURIComponent(tool)}/invoke`;
+    return this.#send(path, { body, headers, extraMs, signal: options.signal }, options.throw, tool);
   }
 
   /** The loaded tools. */
   async tools(options: { signal?: AbortSignal } = {}): Promise<ToolInfo[]> {
-    const answer = await this.#request('GET', '/v1/tools', options);
-    const body = this.#data(answer);
-    const tools = body.tools;
-    if (!Array.isArray(tools)) throw new ProtocolError(answer.url, answer.status, 'no `tools` list');
-    return tools.map((t) => toolOf(t as Record<string, unknown>));
+    const { items } = await this.#list('/v1/tools', 'tools', options);
+    return items.map(toolOf);
   }
 
   /** One loaded tool; an `UnknownToolError` names a tool the gateway does not have. */
@@ -300,7 +303,7 @@ export class Client {
 
   /** The operation under `operationKey`, or null when this tenant has none under it. */
   async operation(operationKey: string, options: { signal?: AbortSignal } = {}): Promise<Operation | null> {
-    const answer = await this.#request('GET', `/v1/operations/${encodeURIComponent(operationKey)}`, options);
+    const answer = await this.#request('GET', operationPath(operationKey), options);
     if (answer.status === 404 && this.#problemCode(answer) === 'not_found') return null;
     const body = this.#data(answer);
     const rawOutcome = body.outcome;
@@ -311,13 +314,7 @@ export class Client {
       ...summaryOf(body),
       receipt: receipt ? { reference: String(receipt.reference ?? ''), result: receipt.result ?? null } : null,
       outcome: readOutcome(rawOutcome as Record<string, unknown>, answer.status),
-      events: (Array.isArray(body.events) ? body.events : []).map((e: Record<string, unknown>) => ({
-        kind: pick(e, 'kind', ''),
-        at: pick(e, 'at', 0),
-        attempt: pick(e, 'attempt', 0),
-        worker: pick(e, 'worker', ''),
-        detail: pick(e, 'detail', null),
-      })),
+      events: (Array.isArray(body.events) ? body.events : []).map(eventOf),
     };
   }
 
@@ -329,13 +326,8 @@ export class Client {
       if (value !== undefined) query.set(name, String(value));
     }
     const qs = query.toString();
-    const answer = await this.#request('GET', `/v1/operations${qs ? `?${qs}` : ''}`, options);
-    const body = this.#data(answer);
-    if (!Array.isArray(body.operations)) throw new ProtocolError(answer.url, answer.status, 'no `operations` list');
-    return {
-      operations: body.operations.map((o: Record<string, unknown>) => summaryOf(o)),
-      nextAfter: (body.next_after as string | null) ?? null,
-    };
+    const { items, body } = await this.#list(`/v1/operations${qs ? `?${qs}` : ''}`, 'operations', options);
+    return { operations: items.map(summaryOf), nextAfter: (body.next_after as string | null) ?? null };
   }
 
   /** Operator: look the operation's receipt up at the downstream now. */
@@ -383,11 +375,34 @@ export class Client {
     if (typeof operationKey !== 'string' || operationKey === '') {
       throw new IdemgateError(`${action}: the operation key is required`);
     }
-    const answer = await this.#request('POST', `/v1/operations/${encodeURIComponent(operationKey)}/${action}`, {
-      body,
-      signal: options.signal,
-    });
-    return this.#settle(this.#outcome(answer), options.throw);
+    return this.#send(`${operationPath(operationKey)}/${action}`, { body, signal: options.signal }, options.throw);
+  }
+
+  /**
+   * The one path of the calls that answer an outcome (`invoke` and the operator's actions):
+   * POSTs, reads the outcome and settles it by the `throw` option. With `tool` (an invoke), an
+   * unknown tool or a missing identity is thrown as its own error.
+   */
+  async #send(path: string, request: RequestOptions, throwOption: boolean | undefined, tool?: string): Promise<Outcome> {
+    const outcome = this.#outcome(await this.#request('POST', path, request));
+    if (tool !== undefined && outcome.outcome === 'rejected') {
+      if (outcome.code === 'unknown_tool') throw new UnknownToolError(tool, outcome);
+      if (outcome.code === 'missing_operation_key') throw new MissingIdentityError(tool, outcome);
+    }
+    return this.#settle(outcome, throwOption, tool);
+  }
+
+  /** GETs a list: the `member` array of the data answer, and the answer's body. */
+  async #list(
+    path: string,
+    member: string,
+    options: { signal?: AbortSignal },
+  ): Promise<{ items: Record<string, unknown>[]; body: Record<string, unknown> }> {
+    const answer = await this.#request('GET', path, options);
+    const body = this.#data(answer);
+    const items = body[member];
+    if (!Array.isArray(items)) throw new ProtocolError(answer.url, answer.status, `no \`${member}\` list`);
+    return { items, body };
   }
 
   /** Returns the outcome, or throws it when the `throw` option asks for it. */
@@ -439,11 +454,7 @@ export class Client {
     throw new RejectedError(outcome);
   }
 
-  async #request(
-    method: 'GET' | 'POST',
-    path: string,
-    options: { body?: unknown; headers?: Record<string, string>; extraMs?: number; signal?: AbortSignal },
-  ): Promise<Answer> {
+  async #request(method: 'GET' | 'POST', path: string, options: RequestOptions): Promise<Answer> {
     const url = `${this.baseUrl}${path}`;
     const timeoutMs = this.#timeoutMs + (options.extraMs ?? 0);
     const timeout = AbortSignal.timeout(timeoutMs);
@@ -495,7 +506,7 @@ export class Workflow {
 
   /** A step of this run, named from the workflow's own plan (never a time or random value). */
   step(stepId: string): Step {
-    return new Step(this, checkPart('stepId', stepId));
+    return new Step(this, stepId);
   }
 }
 

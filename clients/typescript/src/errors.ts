@@ -12,24 +12,36 @@ export class IdemgateError extends Error {
 }
 
 /**
+ * The base of the errors about one request to the gateway (unreachable, no answer in time, an
+ * answer that is not the gateway's): each names the request's URL. Not exported: code catches
+ * the concrete classes, or `IdemgateError`.
+ */
+abstract class RequestError extends IdemgateError {
+  readonly url: string;
+  constructor(url: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.url = url;
+  }
+}
+
+/**
  * The gateway could not be reached or the connection broke. `maybeReceived` is false when the
  * connection was never made (nothing reached the gateway), true when it broke after the
  * request may have been sent: then the operation may exist. Either way invoking again with the
  * same workflow and step is safe (it replays or reports in flight); the client never does so on
  * its own.
  */
-export class GatewayUnavailableError extends IdemgateError {
-  readonly url: string;
+export class GatewayUnavailableError extends RequestError {
   readonly maybeReceived: boolean;
   constructor(url: string, reason: string, maybeReceived: boolean, cause?: unknown) {
     super(
+      url,
       maybeReceived
         ? `the connection to the idemgate gateway at ${url} broke (${reason}); the request may have been received: ` +
             'invoke again with the same workflow and step to learn its outcome (it cannot run twice)'
         : `the idemgate gateway at ${url} could not be reached (${reason}); nothing was received by it`,
       { cause },
     );
-    this.url = url;
     this.maybeReceived = maybeReceived;
   }
 }
@@ -38,27 +50,24 @@ export class GatewayUnavailableError extends IdemgateError {
  * The gateway did not answer within the client's timeout. The operation may be running: its
  * effect does not depend on this connection.
  */
-export class GatewayTimeoutError extends IdemgateError {
-  readonly url: string;
+export class GatewayTimeoutError extends RequestError {
   readonly timeoutMs: number;
   constructor(url: string, timeoutMs: number, cause?: unknown) {
     super(
+      url,
       `the idemgate gateway at ${url} did not answer within ${timeoutMs} ms; the operation may still be running: ` +
         'invoke again with the same workflow and step, or read the operation, to learn its outcome',
       { cause },
     );
-    this.url = url;
     this.timeoutMs = timeoutMs;
   }
 }
 
 /** An answer that is not one the gateway's API v1 gives (a proxy's error page, say). */
-export class ProtocolError extends IdemgateError {
-  readonly url: string;
+export class ProtocolError extends RequestError {
   readonly httpStatus: number;
   constructor(url: string, httpStatus: number, reason: string) {
-    super(`unexpected answer from ${url} (HTTP ${httpStatus}): ${reason}`);
-    this.url = url;
+    super(url, `unexpected answer from ${url} (HTTP ${httpStatus}): ${reason}`);
     this.httpStatus = httpStatus;
   }
 }

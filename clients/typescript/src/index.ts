@@ -5,22 +5,10 @@
 // every call answers; the errors, all `IdemgateError`s. The Vercel AI SDK adapter is its own
 // entry point, `idemgate/ai`.
 
-export {
-  Client,
-  Step,
-  Workflow,
-  type ActionOptions,
-  type ClientOptions,
-  type EffectClass,
-  type InvokeOptions,
-  type Operation,
-  type OperationEvent,
-  type OperationFilter,
-  type OperationPage,
-  type OperationSummary,
-  type RecordStatus,
-  type ToolInfo,
-} from './client.js';
+// client.ts and errors.ts export only the public API; outcome.ts also holds the readers the
+// client uses (`readOutcome`, `outcomeProblem`), which stay internal.
+export * from './client.js';
+export * from './errors.js';
 export {
   describeOutcome,
   isDone,
@@ -34,17 +22,3 @@ export {
   type Replayed,
   type Unknown,
 } from './outcome.js';
-export {
-  GatewayTimeoutError,
-  GatewayUnavailableError,
-  IdemgateError,
-  InFlightError,
-  InvalidIdentityError,
-  MissingIdentityError,
-  OutcomeError,
-  ProtocolError,
-  RejectedError,
-  UnauthorizedError,
-  UnknownOutcomeError,
-  UnknownToolError,
-} from './errors.js';

@@ -3,40 +3,16 @@
 // fake system of record must see exactly one effect.
 
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 
 import { generateText, stepCountIs } from 'ai';
 import { MockLanguageModelV3 } from 'ai/test';
 
-import { Client } from 'idemgate';
 import { STATUS_TOOL, idemgateTool, idemgateTools, modelToolName } from 'idemgate/ai';
 
-import { FakeSystem } from './support/fake.mjs';
-import { startGateway } from './support/gateway.mjs';
+import { T, TICKET, agent, fake, gate, operator, useGateway } from './support/setup.mjs';
 
-const T = { timeout: 30_000 };
-const TICKET = { subject: 'Refund request', body: 'Order 42 arrived broken.' };
-
-/** @type {FakeSystem} */
-let fake;
-/** @type {Awaited<ReturnType<typeof startGateway>>} */
-let gate;
-/** @type {Client} */
-let agent;
-/** @type {Client} */
-let operator;
-
-before(async () => {
-  fake = await new FakeSystem().start();
-  gate = await startGateway(fake.url);
-  agent = new Client({ baseUrl: gate.url, token: gate.agentToken });
-  operator = new Client({ baseUrl: gate.url, token: gate.operatorToken });
-});
-
-after(async () => {
-  await gate?.stop();
-  await fake?.stop();
-});
+useGateway();
 
 const usage = {
   inputTokens: { total: 10, noCache: 10, cacheRead: 0, cacheWrite: 0 },
@@ -114,7 +90,7 @@ describe('generateText with an idemgate tool', () => {
 
     // At the fake: one ticket, one request under the key.
     assert.equal(fake.effectsFor(key), 1);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
     assert.equal(fake.committed.find((c) => c.key === key)?.reference, first.effect_reference);
   });
 
@@ -136,7 +112,7 @@ describe('generateText with an idemgate tool', () => {
     const references = new Set(toolResults(result).map((r) => r.output.effect_reference));
     assert.equal(references.size, 1);
     assert.equal(fake.effectsFor(key), 1);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
   });
 
   test('a different request in the same step is refused with its meaning; still one effect', T, async () => {
@@ -214,7 +190,7 @@ describe('generateText with an idemgate tool', () => {
     assert.match(outputs[0].meaning, /do not call it again and do not report it as failed/);
     const key = gate.key('ai-run-5', 'send_letter');
     assert.equal(fake.effectsFor(key), 1);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
   });
 
   test('awaiting approval: the model polls the status tool instead of calling again; one effect after approval', T, async () => {
@@ -254,6 +230,6 @@ describe('generateText with an idemgate tool', () => {
     assert.match(toolResults(result)[0].output.meaning, /waiting for a person to approve it/);
     assert.equal(toolResults(result)[3].output.error.code, 'not_found');
     assert.equal(fake.effectsFor(key), 1);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
   });
 });

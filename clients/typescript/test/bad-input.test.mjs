@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 
 import {
   Client,
@@ -20,29 +20,9 @@ import {
 } from 'idemgate';
 import { idemgateTool } from 'idemgate/ai';
 
-import { FakeSystem } from './support/fake.mjs';
-import { startGateway } from './support/gateway.mjs';
+import { T, TICKET, agent, fake, gate, useGateway } from './support/setup.mjs';
 
-const T = { timeout: 30_000 };
-const TICKET = { subject: 'Refund request', body: 'Order 42 arrived broken.' };
-
-/** @type {FakeSystem} */
-let fake;
-/** @type {Awaited<ReturnType<typeof startGateway>>} */
-let gate;
-/** @type {Client} */
-let agent;
-
-before(async () => {
-  fake = await new FakeSystem().start();
-  gate = await startGateway(fake.url);
-  agent = new Client({ baseUrl: gate.url, token: gate.agentToken });
-});
-
-after(async () => {
-  await gate?.stop();
-  await fake?.stop();
-});
+useGateway();
 
 /** A loopback port with nothing listening on it. */
 async function closedPort() {

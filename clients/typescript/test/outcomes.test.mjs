@@ -2,7 +2,7 @@
 // side: each scenario asserts what the client returned and, separately, what the fake saw.
 
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 
 import {
   Client,
@@ -14,37 +14,14 @@ import {
   isDone,
 } from 'idemgate';
 
-import { FakeSystem, until } from './support/fake.mjs';
-import { startGateway } from './support/gateway.mjs';
+import { until } from './support/fake.mjs';
+import { T, TICKET, agent, agentStep, fake, gate, operator, useGateway } from './support/setup.mjs';
 
-const T = { timeout: 30_000 };
-const TICKET = { subject: 'Refund request', body: 'Order 42 arrived broken.' };
-
-/** @type {FakeSystem} */
-let fake;
-/** @type {Awaited<ReturnType<typeof startGateway>>} */
-let gate;
-/** @type {Client} */
-let agent;
-/** @type {Client} */
-let operator;
-
-before(async () => {
-  fake = await new FakeSystem().start();
-  gate = await startGateway(fake.url);
-  agent = new Client({ baseUrl: gate.url, token: gate.agentToken });
-  operator = new Client({ baseUrl: gate.url, token: gate.operatorToken });
-});
-
-after(async () => {
-  await gate?.stop();
-  await fake?.stop();
-});
+useGateway();
 
 describe('applied, replayed and a reused key', () => {
   test('the same step twice is one effect: applied, then replayed with the same reference', T, async () => {
-    const step = agent.workflow('run-applied').step('record_issue');
-    const key = gate.key('run-applied', 'record_issue');
+    const { step, key } = agentStep('run-applied', 'record_issue');
 
     const first = await step.invoke('tickets.create', TICKET);
     assert.equal(first.outcome, 'applied');
@@ -62,12 +39,11 @@ describe('applied, replayed and a reused key', () => {
     // At the fake: one ticket under this key, and the replay never reached it.
     assert.equal(fake.effectsFor(key), 1);
     assert.equal(fake.committed.find((c) => c.key === key)?.reference, first.effectReference);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
   });
 
   test('the same key with a different request is rejected 422, and nothing is sent', T, async () => {
-    const step = agent.workflow('run-mismatch').step('record_issue');
-    const key = gate.key('run-mismatch', 'record_issue');
+    const { step, key } = agentStep('run-mismatch', 'record_issue');
     const first = await step.invoke('tickets.create', TICKET);
     assert.equal(first.outcome, 'applied');
 
@@ -82,7 +58,7 @@ describe('applied, replayed and a reused key', () => {
     assert.match(describeOutcome(other), /already performed a different request/);
 
     assert.equal(fake.effectsFor(key), 1);
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
   });
 
   test('a downstream refusal is rejected with no effect', T, async () => {
@@ -94,15 +70,14 @@ describe('applied, replayed and a reused key', () => {
     assert.equal(refused.code, 'downstream_rejected');
     assert.equal(refused.httpStatus, 422);
     // The request reached the fake, which refused it: no effect.
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
     assert.equal(fake.effectsFor(key), 0);
   });
 });
 
 describe('in flight, and waiting for it', () => {
   test('a second delivery while the first is held is in_flight (409); wait returns the settled outcome', T, async () => {
-    const step = agent.workflow('run-inflight').step('record_issue');
-    const key = gate.key('run-inflight', 'record_issue');
+    const { step, key } = agentStep('run-inflight', 'record_issue');
     const release = fake.fault('tickets', 'hold');
 
     const first = step.invoke('tickets.create', TICKET);
@@ -132,15 +107,14 @@ describe('in flight, and waiting for it', () => {
     assert.equal(waited.effectReference, firstDone.effectReference);
 
     // Three deliveries, one request at the fake, one effect.
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 1);
+    assert.equal(fake.requestsFor(key), 1);
     assert.equal(fake.effectsFor(key), 1);
   });
 });
 
 describe('unknown: committed, then the answer was lost', () => {
   test('lookup unavailable: unknown, never resent; the operator looks the receipt up once it answers', T, async () => {
-    const step = agent.workflow('run-unknown-lookup').step('add_note');
-    const key = gate.key('run-unknown-lookup', 'add_note');
+    const { step, key } = agentStep('run-unknown-lookup', 'add_note');
     fake.lookups = false;
     try {
       fake.fault('notes', 'drop');
@@ -178,8 +152,7 @@ describe('unknown: committed, then the answer was lost', () => {
   });
 
   test('no lookup at all: unknown; the operator resolves it applied with the reference', T, async () => {
-    const step = agent.workflow('run-unknown-nolookup').step('send_letter');
-    const key = gate.key('run-unknown-nolookup', 'send_letter');
+    const { step, key } = agentStep('run-unknown-nolookup', 'send_letter');
     const before = fake.requests('letters');
     fake.fault('letters', 'drop');
     const lost = await step.invoke('letters.send', { to: 'A. Customer', text: 'Your refund is on its way.' });
@@ -201,8 +174,7 @@ describe('unknown: committed, then the answer was lost', () => {
   });
 
   test('a timeout that committed nothing: the operator resolves not_applied, and the next delivery applies once', T, async () => {
-    const step = agent.workflow('run-not-applied').step('send_letter');
-    const key = gate.key('run-not-applied', 'send_letter');
+    const { step, key } = agentStep('run-not-applied', 'send_letter');
     const release = fake.fault('letters', 'stall');
     const args = { to: 'B. Customer', text: 'We received your return.' };
     const timedOut = await step.invoke('letters.send', args);
@@ -223,8 +195,7 @@ describe('unknown: committed, then the answer was lost', () => {
 
 describe('approval through the operator methods', () => {
   test('awaiting approval is in_flight (202) with no effect; approve applies it once', T, async () => {
-    const step = agent.workflow('run-approve').step('legal_ticket');
-    const key = gate.key('run-approve', 'legal_ticket');
+    const { step, key } = agentStep('run-approve', 'legal_ticket');
     const args = { ...TICKET, queue_id: 'legal' };
     const held = await step.invoke('tickets.create', args);
     assert.equal(held.outcome, 'in_flight');
@@ -232,7 +203,7 @@ describe('approval through the operator methods', () => {
     assert.equal(held.httpStatus, 202, '202 here is awaiting approval, read from the body');
     assert.equal(held.awaitingApproval, true);
     assert.equal(held.nextAction, 'ask_for_approval');
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 0);
+    assert.equal(fake.requestsFor(key), 0);
 
     const pending = await operator.operations({ status: 'awaiting_approval', tool: 'tickets.create' });
     assert.ok(pending.operations.some((o) => o.operationKey === key));
@@ -252,8 +223,7 @@ describe('approval through the operator methods', () => {
   });
 
   test('deny: rejected approval_denied now and on every later delivery; no effect', T, async () => {
-    const step = agent.workflow('run-deny').step('legal_ticket');
-    const key = gate.key('run-deny', 'legal_ticket');
+    const { step, key } = agentStep('run-deny', 'legal_ticket');
     const args = { ...TICKET, queue_id: 'legal' };
     const held = await step.invoke('tickets.create', args);
     assert.equal(held.outcome, 'in_flight');
@@ -265,7 +235,7 @@ describe('approval through the operator methods', () => {
     const later = await step.invoke('tickets.create', args);
     assert.equal(later.outcome, 'rejected');
     assert.equal(later.outcome === 'rejected' && later.code, 'approval_denied');
-    assert.equal(fake.seen.filter((s) => s.key === key).length, 0);
+    assert.equal(fake.requestsFor(key), 0);
   });
 });
 
@@ -307,14 +277,13 @@ describe('the throw option', () => {
     assert.equal(fake.effectsFor(gate.key('run-throw', 'ticket')), 1);
     assert.equal(fake.effectsFor(gate.key('run-throw', 'legal')), 0);
     assert.equal(fake.effectsFor(gate.key('run-throw', 'letter')), 1);
-    assert.equal(fake.seen.filter((s) => s.key === gate.key('run-throw', 'letter')).length, 1);
+    assert.equal(fake.requestsFor(gate.key('run-throw', 'letter')), 1);
   });
 });
 
 describe('reading operations and tools', () => {
   test('operation(key) gives the record, receipt, outcome and events; a missing key is null', T, async () => {
-    const step = agent.workflow('run-read').step('record_issue');
-    const key = gate.key('run-read', 'record_issue');
+    const { step, key } = agentStep('run-read', 'record_issue');
     const applied = await step.invoke('tickets.create', TICKET);
     assert.equal(applied.outcome, 'applied');
 

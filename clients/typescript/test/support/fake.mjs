@@ -113,6 +113,11 @@ export class FakeSystem {
     return this.committed.filter((c) => c.key === key).length;
   }
 
+  /** Requests that arrived under `key`, on any route, whatever became of them. */
+  requestsFor(key) {
+    return this.seen.filter((s) => s.key === key).length;
+  }
+
   /** Effect requests that arrived on `route`, whatever became of them. */
   requests(route) {
     return this.seen.filter((s) => s.method === 'POST' && s.path === `/${route}`).length;

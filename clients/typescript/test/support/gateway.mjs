@@ -26,10 +26,50 @@ const RETENTION = `retention:
   max_retry_window: 1d
 `;
 
-const TICKET_SCHEMA = `input_schema:
+/**
+ * One key-based contract over an HTTP route of `fake`: the operation key from the workflow and
+ * step, a JSON object in, the fingerprint over `fields`, a receipt lookup at
+ * `{route}/by-key/{operation_key}` when `lookup`. `extra` holds YAML the contract adds at each
+ * place: `top` after the purpose, `fingerprint`, `http` after the reference, `tail` before the
+ * retention.
+ */
+function keyBased(fake, { name, purpose, properties, required, fields, route, reference, dedup, lookup, total, extra = {} }) {
+  const lookupUrl = lookup ? `    lookup:\n      url: ${fake}/${route}/by-key/{operation_key}\n` : '';
+  return `name: ${name}
+version: "1"
+purpose: ${purpose}
+${extra.top ?? ''}effect_class: key_based
+operation_key:
+  supplied_by: application
+  scope: [tenant, environment, workflow_id, step_id]
+  reused_for_retry: true
+input_schema:
   type: object
   properties:
-    queue_id:
+${properties}  required: [${required}]
+  additionalProperties: false
+request_fingerprint:
+  fields: [${fields}]
+${extra.fingerprint ?? ''}downstream:
+  deduplicates_by_key: ${dedup}
+  receipt_lookup: ${lookup}
+  http:
+    url: ${fake}/${route}
+    reference: ${reference}
+${extra.http ?? ''}${lookupUrl}    timeouts:
+      connect: 2s
+      total: ${total}
+${extra.tail ?? ''}${RETENTION}`;
+}
+
+/** The contracts the tests run, each pointing at `fake` (a base URL). */
+export function contracts(fake) {
+  return {
+    // Deduplicates on the key and offers a receipt lookup; legal-queue tickets need approval.
+    'tickets.create.yaml': keyBased(fake, {
+      name: 'tickets.create',
+      purpose: 'Create one support ticket for one workflow step.',
+      properties: `    queue_id:
       type: string
       minLength: 1
       maxLength: 64
@@ -41,108 +81,62 @@ const TICKET_SCHEMA = `input_schema:
     body:
       type: string
       maxLength: 20000
-  required: [subject, body]
-  additionalProperties: false
-`;
-
-/** The contracts the tests run, each pointing at `fake` (a base URL). */
-export function contracts(fake) {
-  return {
-    // Deduplicates on the key and offers a receipt lookup; legal-queue tickets need approval.
-    'tickets.create.yaml': `name: tickets.create
-version: "1"
-purpose: Create one support ticket for one workflow step.
-use_when:
+`,
+      required: 'subject, body',
+      fields: 'queue_id, subject, body',
+      route: 'tickets',
+      reference: '/ticket_id',
+      dedup: true,
+      lookup: true,
+      total: '10s',
+      extra: {
+        top: `use_when:
   - The workflow has a new issue to record.
 do_not_use_when:
   - The user asks for a second ticket about the same issue; that is a new step.
-effect_class: key_based
-operation_key:
-  supplied_by: application
-  scope: [tenant, environment, workflow_id, step_id]
-  reused_for_retry: true
-${TICKET_SCHEMA}request_fingerprint:
-  fields: [queue_id, subject, body]
-  defaults:
+`,
+        fingerprint: `  defaults:
     queue_id: support
   mismatch: rejected
-downstream:
-  deduplicates_by_key: true
-  receipt_lookup: true
-  http:
-    url: ${fake}/tickets
-    reference: /ticket_id
-    error_message: /error
-    lookup:
-      url: ${fake}/tickets/by-key/{operation_key}
-    timeouts:
-      connect: 2s
-      total: 10s
-security:
+`,
+        http: `    error_message: /error
+`,
+        tail: `security:
   approval: when_matches
   approval_when:
     queue_id: [legal]
 # A short lease: a waiting delivery re-reads the record after a quarter of the lease left, so
 # the tests that wait do not sit out the default 30 s lease's 7.5 s pause.
 lease_seconds: 4
-${RETENTION}`,
+`,
+      },
+    }),
     // No deduplication; a receipt lookup that the fake can switch off.
-    'notes.add.yaml': `name: notes.add
-version: "1"
-purpose: Add one note to a customer's file.
-effect_class: key_based
-operation_key:
-  supplied_by: application
-  scope: [tenant, environment, workflow_id, step_id]
-  reused_for_retry: true
-input_schema:
-  type: object
-  properties:
-    text: {type: string, minLength: 1, maxLength: 2000}
-  required: [text]
-  additionalProperties: false
-request_fingerprint:
-  fields: [text]
-downstream:
-  deduplicates_by_key: false
-  receipt_lookup: true
-  http:
-    url: ${fake}/notes
-    reference: /note_id
-    lookup:
-      url: ${fake}/notes/by-key/{operation_key}
-    timeouts:
-      connect: 2s
-      total: 10s
-${RETENTION}`,
+    'notes.add.yaml': keyBased(fake, {
+      name: 'notes.add',
+      purpose: "Add one note to a customer's file.",
+      properties: '    text: {type: string, minLength: 1, maxLength: 2000}\n',
+      required: 'text',
+      fields: 'text',
+      route: 'notes',
+      reference: '/note_id',
+      dedup: false,
+      lookup: true,
+      total: '10s',
+    }),
     // Neither deduplication nor lookup: a lost answer can only end unknown.
-    'letters.send.yaml': `name: letters.send
-version: "1"
-purpose: Send one letter to one address.
-effect_class: key_based
-operation_key:
-  supplied_by: application
-  scope: [tenant, environment, workflow_id, step_id]
-  reused_for_retry: true
-input_schema:
-  type: object
-  properties:
-    to: {type: string, minLength: 1, maxLength: 200}
-    text: {type: string, minLength: 1, maxLength: 2000}
-  required: [to, text]
-  additionalProperties: false
-request_fingerprint:
-  fields: [to, text]
-downstream:
-  deduplicates_by_key: false
-  receipt_lookup: false
-  http:
-    url: ${fake}/letters
-    reference: /letter_id
-    timeouts:
-      connect: 2s
-      total: 1s
-${RETENTION}`,
+    'letters.send.yaml': keyBased(fake, {
+      name: 'letters.send',
+      purpose: 'Send one letter to one address.',
+      properties: '    to: {type: string, minLength: 1, maxLength: 200}\n    text: {type: string, minLength: 1, maxLength: 2000}\n',
+      required: 'to, text',
+      fields: 'to, text',
+      route: 'letters',
+      reference: '/letter_id',
+      dedup: false,
+      lookup: false,
+      total: '1s',
+    }),
   };
 }
 
@@ -159,9 +153,17 @@ export async function startGateway(fakeUrl) {
   for (const [file, text] of Object.entries(contracts(fakeUrl))) {
     writeFileSync(join(dir, 'contracts', file), text);
   }
-  // Test tokens: secrets for this run only, never operation identity.
-  const agentToken = `idg_test_agent_${randomBytes(12).toString('hex')}`;
-  const operatorToken = `idg_test_operator_${randomBytes(12).toString('hex')}`;
+  // Test tokens, one for each role: secrets for this run only, never operation identity.
+  const tokens = Object.fromEntries(
+    ['agent', 'operator'].map((role) => [role, `idg_test_${role}_${randomBytes(12).toString('hex')}`]),
+  );
+  const tokenTables = Object.entries(tokens).map(
+    ([role, token]) => `[[tenants.tokens]]
+name = "${role}"
+sha256 = "${sha256(token)}"
+role = "${role}"
+`,
+  );
   const config = join(dir, 'gate.toml');
   writeFileSync(
     config,
@@ -173,15 +175,7 @@ sandbox = false
 
 [[tenants]]
 name = "ci"
-[[tenants.tokens]]
-name = "agent"
-sha256 = "${sha256(agentToken)}"
-role = "agent"
-[[tenants.tokens]]
-name = "operator"
-sha256 = "${sha256(operatorToken)}"
-role = "operator"
-`,
+${tokenTables.join('')}`,
   );
 
   const child = spawn(bin, ['serve', '--config', config], {
@@ -224,8 +218,8 @@ role = "operator"
 
   return {
     url,
-    agentToken,
-    operatorToken,
+    agentToken: tokens.agent,
+    operatorToken: tokens.operator,
     /** The operation key the gateway gives `workflowId`/`stepId` for this tenant. */
     key: (workflowId, stepId) => `ci:ci:${workflowId}:${stepId}`,
     output: () => output,
