@@ -20,6 +20,15 @@ import idemgate
 
 TICKET = {"subject": "Refund request", "body": "Order 42 arrived broken."}
 EMAIL = {"to": "customer@example.com", "subject": "Your refund", "body": "It is on its way."}
+# A ticket for the legal queue, which the contract holds for an operator's approval.
+LEGAL = dict(TICKET, queue_id="legal")
+
+
+def awaiting_approval(client: idemgate.Client, run_id: str) -> tuple[idemgate.InFlight, str]:
+    """Invokes the legal ticket as step `s` of `run_id`: in flight, with its operation key."""
+    pending = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
+    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
+    return pending, pending.operation_key
 
 
 def test_applied_then_replayed(client: idemgate.Client, fake: FakeSystemOfRecord, run_id: str) -> None:
@@ -148,22 +157,19 @@ def test_wait_returns_the_settled_outcome_instead_of_in_flight(
 def test_awaiting_approval_then_approved_once(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight)
+    pending, key = awaiting_approval(client, run_id)
     assert pending.http_status == 202 and pending.awaiting_approval
     assert pending.next_action == "ask_for_approval"
     assert fake.effect_count(run_id) == 0
 
     queue = operator.operations(status="awaiting_approval")
-    assert pending.operation_key in [r.operation_key for r in queue.operations]
+    assert key in [r.operation_key for r in queue.operations]
 
-    assert pending.operation_key is not None
-    approved = operator.approve(pending.operation_key)
+    approved = operator.approve(key)
     assert isinstance(approved, idemgate.Applied)
     assert fake.effect_count(run_id) == 1
 
-    again = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
+    again = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
     assert isinstance(again, idemgate.Replayed)
     assert again.effect_reference == approved.effect_reference
     assert fake.effect_count(run_id) == 1
@@ -172,13 +178,11 @@ def test_awaiting_approval_then_approved_once(
 def test_denied_approval_has_no_effect(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
-    denied = operator.deny(pending.operation_key, reason="not for legal")
+    _, key = awaiting_approval(client, run_id)
+    denied = operator.deny(key, reason="not for legal")
     assert isinstance(denied, idemgate.Rejected)
     assert denied.code == "approval_denied" and denied.http_status == 403
-    later = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
+    later = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
     assert isinstance(later, idemgate.Rejected) and later.code == "approval_denied"
     assert fake.effect_count(run_id) == 0
 
@@ -366,16 +370,14 @@ def test_tools_and_a_read_tool_without_identity(
 def test_approval_bound_to_the_reviewed_fingerprint(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
-    reviewed = operator.operation(pending.operation_key)
+    _, key = awaiting_approval(client, run_id)
+    reviewed = operator.operation(key)
     assert reviewed.record_status == "awaiting_approval"
     wrong = "sha256:" + "0" * 64
-    refused = operator.approve(pending.operation_key, fingerprint=wrong)
+    refused = operator.approve(key, fingerprint=wrong)
     assert isinstance(refused, idemgate.Rejected)
     assert fake.effect_count(run_id) == 0
-    approved = operator.approve(pending.operation_key, fingerprint=reviewed.record.fingerprint)
+    approved = operator.approve(key, fingerprint=reviewed.record.fingerprint)
     assert isinstance(approved, idemgate.Applied)
     assert fake.effect_count(run_id) == 1
 
@@ -399,9 +401,7 @@ def test_async_operator_settles_an_unknown_and_approves(
             assert unknown.operation_key in [r.operation_key for r in page.operations]
             sent = fake.effects(mail)[0].reference
             resolved = await op.resolve_applied(unknown.operation_key, sent, {"message_id": sent})
-            pending = await agent.invoke(
-                "tickets.create", dict(TICKET, queue_id="legal"), workflow_id=legal, step_id="s"
-            )
+            pending = await agent.invoke("tickets.create", LEGAL, workflow_id=legal, step_id="s")
             assert isinstance(pending, idemgate.InFlight) and pending.operation_key
             approved = await op.approve(pending.operation_key)
             view = await agent.operation(pending.operation_key)
