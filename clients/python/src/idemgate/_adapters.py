@@ -5,7 +5,7 @@ either kind of client."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from ._client import AsyncClient, Client, RaiseOn
 from ._identity import Identity
@@ -13,6 +13,8 @@ from ._models import ToolInfo
 from ._outcomes import Outcome
 
 AnyClient = Union[Client, AsyncClient]
+StepOf = Union[str, Callable[[Mapping[str, Any]], str]]
+"""The `step=` of an adapted tool: a string, or a function of the call's arguments."""
 
 
 def model_name(tool_name: str) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -45,13 +45,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pydantic import PrivateAttr
 
 from . import _identity
-from ._adapters import AnyClient, invoke_from_async, invoke_options, model_name, tool_info
+from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
 from ._client import AsyncClient, Client, RaiseOn
 from ._model_text import outcome_text
 from ._models import ToolInfo
 from ._outcomes import MissingIdentityError, Outcome
 
-StepSuffix = Union[str, Callable[[Mapping[str, Any]], str]]
+StepSuffix = StepOf
 
 # The id of the model's tool call being run, set by `invoke`/`ainvoke` for the tool's body.
 _TOOL_CALL_ID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 try:
     from agents import FunctionTool, RunContextWrapper
@@ -44,13 +44,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from . import _identity
-from ._adapters import AnyClient, invoke_from_async, invoke_options, model_name, tool_info
+from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
 from ._client import AsyncClient
 from ._model_text import outcome_text, transport_text
 from ._models import ToolInfo
 from ._outcomes import MissingIdentityError, Outcome, TransportError
 
-StepName = Union[str, Callable[[Mapping[str, Any]], str]]
+StepName = StepOf
 
 
 @dataclass(frozen=True)
