@@ -20,6 +20,33 @@ import idemgate
 
 TICKET = {"subject": "Refund request", "body": "Order 42 arrived broken."}
 EMAIL = {"to": "customer@example.com", "subject": "Your refund", "body": "It is on its way."}
+# A ticket for the legal queue, which the contract holds for an operator's approval.
+LEGAL = dict(TICKET, queue_id="legal")
+
+
+def awaiting_approval(client: idemgate.Client, run_id: str) -> tuple[idemgate.InFlight, str]:
+    """Invokes the legal ticket as step `s` of `run_id`: in flight, with its operation key."""
+    pending = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
+    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
+    return pending, pending.operation_key
+
+
+def lose_the_email(fake: FakeSystemOfRecord, workflow_id: str) -> None:
+    """The email service sends `workflow_id`'s email and drops its answer, with the lookup
+    down. It does not deduplicate, so the gateway may not resend: nothing can prove whether the
+    email went out."""
+    fake.script(workflow_id, Fault.drop())
+    fake.set_lookup(workflow_id, False)
+
+
+def unknown_email(
+    client: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
+) -> tuple[idemgate.Unknown, str]:
+    """Step `notify` of `run_id` sends the email whose answer is lost: unknown, with its key."""
+    lose_the_email(fake, run_id)
+    unknown = client.invoke("emails.send", EMAIL, workflow_id=run_id, step_id="notify")
+    assert isinstance(unknown, idemgate.Unknown) and unknown.operation_key
+    return unknown, unknown.operation_key
 
 
 def test_applied_then_replayed(client: idemgate.Client, fake: FakeSystemOfRecord, run_id: str) -> None:
@@ -148,22 +175,19 @@ def test_wait_returns_the_settled_outcome_instead_of_in_flight(
 def test_awaiting_approval_then_approved_once(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight)
+    pending, key = awaiting_approval(client, run_id)
     assert pending.http_status == 202 and pending.awaiting_approval
     assert pending.next_action == "ask_for_approval"
     assert fake.effect_count(run_id) == 0
 
     queue = operator.operations(status="awaiting_approval")
-    assert pending.operation_key in [r.operation_key for r in queue.operations]
+    assert key in [r.operation_key for r in queue.operations]
 
-    assert pending.operation_key is not None
-    approved = operator.approve(pending.operation_key)
+    approved = operator.approve(key)
     assert isinstance(approved, idemgate.Applied)
     assert fake.effect_count(run_id) == 1
 
-    again = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
+    again = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
     assert isinstance(again, idemgate.Replayed)
     assert again.effect_reference == approved.effect_reference
     assert fake.effect_count(run_id) == 1
@@ -172,13 +196,11 @@ def test_awaiting_approval_then_approved_once(
 def test_denied_approval_has_no_effect(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
-    denied = operator.deny(pending.operation_key, reason="not for legal")
+    _, key = awaiting_approval(client, run_id)
+    denied = operator.deny(key, reason="not for legal")
     assert isinstance(denied, idemgate.Rejected)
     assert denied.code == "approval_denied" and denied.http_status == 403
-    later = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
+    later = client.invoke("tickets.create", LEGAL, workflow_id=run_id, step_id="s")
     assert isinstance(later, idemgate.Rejected) and later.code == "approval_denied"
     assert fake.effect_count(run_id) == 0
 
@@ -211,12 +233,7 @@ def test_invalid_arguments_are_rejected_before_any_effect(
 def test_unknown_when_the_effect_committed_and_its_answer_was_lost(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    # The email service does not deduplicate, so the gateway may not resend; with the lookup
-    # down nothing can prove whether the email went out.
-    fake.script(run_id, Fault.drop())
-    fake.set_lookup(run_id, False)
-    unknown = client.invoke("emails.send", EMAIL, workflow_id=run_id, step_id="notify")
-    assert isinstance(unknown, idemgate.Unknown)
+    unknown, key = unknown_email(client, fake, run_id)
     assert unknown.http_status == 202 and unknown.next_action == "reconcile"
     assert unknown.safe_to_repeat is False and unknown.code == "outcome_unknown"
     assert fake.effect_count(run_id) == 1
@@ -226,13 +243,12 @@ def test_unknown_when_the_effect_committed_and_its_answer_was_lost(
     assert isinstance(again, idemgate.Unknown)
     assert fake.effect_count(run_id) == 1
 
-    assert unknown.operation_key is not None
     queue = operator.operations(status="unknown", tool="emails.send")
-    assert unknown.operation_key in [r.operation_key for r in queue.operations]
+    assert key in [r.operation_key for r in queue.operations]
 
     # The lookup comes back; the operator asks the gateway to look the receipt up now.
     fake.set_lookup(run_id, True)
-    settled = operator.reconcile(unknown.operation_key)
+    settled = operator.reconcile(key)
     assert settled.done
     assert settled.effect_reference == fake.effects(run_id)[0].reference  # type: ignore[union-attr]
     after = client.invoke("emails.send", EMAIL, workflow_id=run_id, step_id="notify")
@@ -243,18 +259,15 @@ def test_unknown_when_the_effect_committed_and_its_answer_was_lost(
 def test_operator_resolves_an_unknown_as_applied(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    fake.script(run_id, Fault.drop())
-    fake.set_lookup(run_id, False)
-    unknown = client.invoke("emails.send", EMAIL, workflow_id=run_id, step_id="notify")
-    assert isinstance(unknown, idemgate.Unknown) and unknown.operation_key
+    unknown, key = unknown_email(client, fake, run_id)
     with pytest.raises(idemgate.UnknownOutcomeError) as raised:
         unknown.raise_for_outcome()
     assert "reconcile" in str(raised.value)
 
     sent = fake.effects(run_id)[0].reference
-    resolved = operator.resolve_applied(unknown.operation_key, sent, {"message_id": sent})
+    resolved = operator.resolve_applied(key, sent, {"message_id": sent})
     assert resolved.done
-    view = client.operation(unknown.operation_key)
+    view = client.operation(key)
     assert view.record_status == "applied"
     assert view.receipt is not None and view.receipt.reference == sent
     assert isinstance(view.outcome, idemgate.Replayed)
@@ -301,8 +314,7 @@ def test_raise_on_turns_outcomes_into_exceptions(
         )
         assert isinstance(returned, idemgate.Rejected)
     with idemgate.Client(gateway.url, AGENT_TOKEN, raise_on=["unknown"]) as some:
-        fake.script(f"{run_id}-mail", Fault.drop())
-        fake.set_lookup(f"{run_id}-mail", False)
+        lose_the_email(fake, f"{run_id}-mail")
         with pytest.raises(idemgate.UnknownOutcomeError) as unknown:
             some.invoke("emails.send", EMAIL, workflow_id=f"{run_id}-mail", step_id="s")
         assert unknown.value.outcome.next_action == "reconcile"
@@ -366,16 +378,14 @@ def test_tools_and_a_read_tool_without_identity(
 def test_approval_bound_to_the_reviewed_fingerprint(
     client: idemgate.Client, operator: idemgate.Client, fake: FakeSystemOfRecord, run_id: str
 ) -> None:
-    legal = dict(TICKET, queue_id="legal")
-    pending = client.invoke("tickets.create", legal, workflow_id=run_id, step_id="s")
-    assert isinstance(pending, idemgate.InFlight) and pending.operation_key
-    reviewed = operator.operation(pending.operation_key)
+    _, key = awaiting_approval(client, run_id)
+    reviewed = operator.operation(key)
     assert reviewed.record_status == "awaiting_approval"
     wrong = "sha256:" + "0" * 64
-    refused = operator.approve(pending.operation_key, fingerprint=wrong)
+    refused = operator.approve(key, fingerprint=wrong)
     assert isinstance(refused, idemgate.Rejected)
     assert fake.effect_count(run_id) == 0
-    approved = operator.approve(pending.operation_key, fingerprint=reviewed.record.fingerprint)
+    approved = operator.approve(key, fingerprint=reviewed.record.fingerprint)
     assert isinstance(approved, idemgate.Applied)
     assert fake.effect_count(run_id) == 1
 
@@ -386,8 +396,7 @@ def test_async_operator_settles_an_unknown_and_approves(
     from harness import OPERATOR_TOKEN
 
     mail, legal = f"{run_id}-mail", f"{run_id}-legal"
-    fake.script(mail, Fault.drop())
-    fake.set_lookup(mail, False)
+    lose_the_email(fake, mail)
 
     async def main() -> tuple[idemgate.Outcome, ...]:
         async with idemgate.AsyncClient(gateway.url, AGENT_TOKEN) as agent, idemgate.AsyncClient(
@@ -399,9 +408,7 @@ def test_async_operator_settles_an_unknown_and_approves(
             assert unknown.operation_key in [r.operation_key for r in page.operations]
             sent = fake.effects(mail)[0].reference
             resolved = await op.resolve_applied(unknown.operation_key, sent, {"message_id": sent})
-            pending = await agent.invoke(
-                "tickets.create", dict(TICKET, queue_id="legal"), workflow_id=legal, step_id="s"
-            )
+            pending = await agent.invoke("tickets.create", LEGAL, workflow_id=legal, step_id="s")
             assert isinstance(pending, idemgate.InFlight) and pending.operation_key
             approved = await op.approve(pending.operation_key)
             view = await agent.operation(pending.operation_key)

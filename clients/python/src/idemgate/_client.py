@@ -1,9 +1,12 @@
 """`Client` and `AsyncClient`: API v1 over httpx.
 
-Both build the same requests and read the same answers through the helpers at the top; they
-differ only in how a request is sent. Neither retries on its own: one call of a method is one
-request (two when an invocation without identity first asks the gateway whether the tool needs
-one). The only resending is `invoke_resending`, which the caller asks for and which keeps the
+Every method is written once, in `_Core`, as a flow: a generator that yields each request as
+data (`_Request`: method, path, headers, body) or a pause, is sent the answer, and returns what
+it read from it. `Client` and `AsyncClient` differ only in how they run a flow: one sends its
+requests and sleeps its pauses synchronously, the other awaits them.
+
+Neither retries on its own: one call of a method is one request (two when an invocation without
+identity first asks the gateway whether the tool needs one). The only resending is `invoke_resending`, which the caller asks for and which keeps the
 operation identity, so a resend can only ever be answered from the same operation's record.
 """
 
@@ -14,7 +17,18 @@ import math
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Collection, Mapping, Optional, Union
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Generator,
+    Generic,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+    cast,
+)
 from urllib.parse import quote
 
 import httpx
@@ -80,6 +94,19 @@ class _Request:
     # Whether an answer that never arrives leaves an effect in doubt.
     effectful: bool = False
     identity: Optional[Identity] = None
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """A wait between two attempts of `invoke_resending`."""
+
+    seconds: float
+
+
+T = TypeVar("T")
+_Flow = Generator[Union[_Request, _Pause], Optional[httpx.Response], T]
+"""A method as data: it yields requests (and is sent their answers) and pauses (and is sent
+None), and returns its result."""
 
 
 def _key_path(key: str) -> str:
@@ -323,6 +350,176 @@ class _Core:
             )
         return identity
 
+    # -- flows: every public method once, its I/O left to the client that runs it ---------------
+
+    def _exchange(self, req: _Request) -> _Flow[httpx.Response]:
+        """Sends `req` (a read once more, see `_read_again`); a lost answer raises ours."""
+        for attempt in range(2):
+            try:
+                response = yield req
+            except httpx.TransportError as e:
+                if attempt == 0 and _read_again(req, e):
+                    continue
+                raise self._transport_error(e, req) from e
+            if response is None:
+                raise AssertionError("a request was answered without a response")
+            return response
+        raise AssertionError("unreachable")
+
+    def _call(self, req: _Request, read: Callable[[httpx.Response, _Request], T]) -> _Flow[T]:
+        response = yield from self._exchange(req)
+        return read(response, req)
+
+    def _http_arguments(self, req: _Request) -> dict[str, Any]:
+        """`req` as the keyword arguments of `httpx.Client.request` (or the async one's)."""
+        return {
+            "method": req.method,
+            "url": req.path,
+            "json": req.json,
+            "headers": req.headers,
+            "params": req.params,
+            "timeout": req.timeout or self._http_timeout(),
+        }
+
+    def _http_options(self) -> dict[str, Any]:
+        """The options of the `httpx.Client` (or `httpx.AsyncClient`) under a client."""
+        return {
+            "base_url": self.base_url,
+            "headers": self._headers(),
+            "timeout": self._http_timeout(),
+            "follow_redirects": False,
+            "trust_env": False,
+        }
+
+    def _invoke_flow(
+        self,
+        tool: str,
+        arguments: Optional[Mapping[str, Any]],
+        workflow_id: Optional[str],
+        step_id: Optional[str],
+        wait: Optional[float],
+        raise_on: Optional[RaiseOn],
+    ) -> _Flow[Outcome]:
+        identity = _identity.resolve(tool, workflow_id, step_id)
+        if identity is None:
+            self._require_identity(tool, (yield from self._known_tool_flow(tool)))
+        req = self._invoke_request(tool, arguments, identity, wait)
+        chosen = self._raise_on if raise_on is None else _raise_on(raise_on)
+        response = yield from self._exchange(req)
+        return self._outcome(response, req, tool=tool, raise_on=chosen)
+
+    def _invoke_resending_flow(
+        self,
+        tool: str,
+        arguments: Optional[Mapping[str, Any]],
+        workflow_id: Optional[str],
+        step_id: Optional[str],
+        wait: Optional[float],
+        raise_on: Optional[RaiseOn],
+        attempts: int,
+        backoff: float,
+    ) -> _Flow[Outcome]:
+        identity = self._resend_identity(tool, workflow_id, step_id, attempts)
+        last: Optional[TransportError] = None
+        for attempt in range(attempts):
+            try:
+                return (
+                    yield from self._invoke_flow(
+                        tool, arguments, identity.workflow_id, identity.step_id, wait, raise_on
+                    )
+                )
+            except TransportError as e:
+                last = e
+                if attempt + 1 < attempts:
+                    yield _Pause(_backoff(backoff, attempt))
+        assert last is not None
+        raise last
+
+    def _tools_flow(self) -> _Flow[list[ToolInfo]]:
+        return self._call(_Request("GET", "/v1/tools"), self._tool_list)
+
+    def _tool_flow(self, name: str) -> _Flow[ToolInfo]:
+        req = _Request("GET", f"/v1/tools/{quote(name, safe='')}")
+        return self._call(req, lambda response, req: self._tool_info(response, req, name))
+
+    def _known_tool_flow(self, name: str) -> _Flow[Optional[ToolInfo]]:
+        if name in self._tools:
+            return self._tools[name]
+        try:
+            return (yield from self._tool_flow(name))
+        except NotFoundError:
+            # A gateway without `GET /v1/tools/{tool}`: the invocation's answer will say.
+            return None
+
+    def _operation_flow(self, operation_key: str) -> _Flow[Operation]:
+        req = _Request("GET", f"/v1/operations/{_key_path(operation_key)}")
+        return self._call(req, self._operation)
+
+    def _operations_flow(
+        self,
+        status: Optional[str],
+        tool: Optional[str],
+        after: Optional[str],
+        limit: Optional[int],
+    ) -> _Flow[OperationPage]:
+        return self._call(self._list_request(status, tool, after, limit), self._page)
+
+    def _reconcile_flow(
+        self, operation_key: str, body: Optional[Mapping[str, Any]] = None
+    ) -> _Flow[Outcome]:
+        return self._call(self._reconcile_request(operation_key, body), self._outcome)
+
+    def _resolve_applied_flow(
+        self, operation_key: str, effect_reference: str, result: Any
+    ) -> _Flow[Outcome]:
+        body = {"resolution": "applied", "effect_reference": effect_reference, "result": result}
+        return self._reconcile_flow(operation_key, body)
+
+    def _decide_flow(
+        self, operation_key: str, decision: str, name: str, value: Optional[str]
+    ) -> _Flow[Outcome]:
+        """`approve` (bound to a fingerprint) or `deny` (with a reason), when given."""
+        body = {} if value is None else {name: value}
+        req = _Request(
+            "POST",
+            f"/v1/operations/{_key_path(operation_key)}/{decision}",
+            json=body,
+            effectful=True,
+        )
+        return self._call(req, self._outcome)
+
+    @staticmethod
+    def workflow(workflow_id: str) -> WorkflowScope:
+        """`with client.workflow(run_id):` (`async with` as well) — the same as
+        `idemgate.workflow(run_id)`."""
+        return WorkflowScope(workflow_id)
+
+
+class _Run(Generic[T]):
+    """One flow being run: the next thing it asks for, given the answer to the last."""
+
+    def __init__(self, flow: _Flow[T]) -> None:
+        self._flow = flow
+        self._response: Optional[httpx.Response] = None
+        self._error: Optional[httpx.TransportError] = None
+        self.result: T
+
+    def next(self) -> Optional[Union[_Request, _Pause]]:
+        """The next request or pause, or None once the flow has returned (see `result`)."""
+        error, self._error = self._error, None
+        response, self._response = self._response, None
+        try:
+            return self._flow.throw(error) if error is not None else self._flow.send(response)
+        except StopIteration as done:
+            self.result = cast(T, done.value)
+            return None
+
+    def answer(self, response: httpx.Response) -> None:
+        self._response = response
+
+    def fail(self, error: httpx.TransportError) -> None:
+        self._error = error
+
 
 def _read_again(req: _Request, error: httpx.TransportError) -> bool:
     """Whether a read is sent once more: a GET whose connection closed before any answer.
@@ -356,52 +553,31 @@ class Client(_Core):
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         super().__init__(base_url, token, timeout=timeout, raise_on=raise_on)
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers=self._headers(),
-            timeout=self._http_timeout(),
-            transport=transport,
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._http = httpx.Client(transport=transport, **self._http_options())
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, req: _Request) -> httpx.Response:
-        for attempt in range(2):
+    def _run(self, flow: _Flow[T]) -> T:
+        """Runs a flow: its requests sent and its pauses slept here, in this thread."""
+        run = _Run(flow)
+        while (step := run.next()) is not None:
+            if isinstance(step, _Pause):
+                time.sleep(step.seconds)
+                continue
             try:
-                return self._http.request(
-                    req.method,
-                    req.path,
-                    json=req.json,
-                    headers=req.headers,
-                    params=req.params,
-                    timeout=req.timeout or self._http_timeout(),
-                )
+                run.answer(self._http.request(**self._http_arguments(step)))
             except httpx.TransportError as e:
-                if attempt == 0 and _read_again(req, e):
-                    continue
-                raise self._transport_error(e, req) from e
-        raise AssertionError("unreachable")
+                run.fail(e)
+        return run.result
 
     # -- identity ------------------------------------------------------------------------------
-
-    @staticmethod
-    def workflow(workflow_id: str) -> WorkflowScope:
-        """`with client.workflow(run_id):` — the same as `idemgate.workflow(run_id)`."""
-        return WorkflowScope(workflow_id)
 
     def step(self, step_id: str) -> "Step":
         """A step of the current workflow: `client.step("record_issue").invoke(tool, args)`,
@@ -426,12 +602,7 @@ class Client(_Core):
         `workflow(...)` / `step(...)` scope. `wait=N` asks the gateway to wait up to N seconds
         for an operation in flight to settle (`Prefer: wait=N`).
         """
-        identity = _identity.resolve(tool, workflow_id, step_id)
-        if identity is None:
-            self._require_identity(tool, self._known_tool(tool))
-        req = self._invoke_request(tool, arguments, identity, wait)
-        chosen = self._raise_on if raise_on is None else _raise_on(raise_on)
-        return self._outcome(self._send(req), req, tool=tool, raise_on=chosen)
+        return self._run(self._invoke_flow(tool, arguments, workflow_id, step_id, wait, raise_on))
 
     def invoke_resending(
         self,
@@ -449,50 +620,25 @@ class Client(_Core):
         reached or its answer is lost — always with the same identity and arguments, so every
         attempt is the same operation and the gateway performs it at most once. Outcomes are
         never resent: an `unknown` stays unknown. Needs an identity."""
-        identity = self._resend_identity(tool, workflow_id, step_id, attempts)
-        last: Optional[TransportError] = None
-        for attempt in range(attempts):
-            try:
-                return self.invoke(
-                    tool,
-                    arguments,
-                    workflow_id=identity.workflow_id,
-                    step_id=identity.step_id,
-                    wait=wait,
-                    raise_on=raise_on,
-                )
-            except TransportError as e:
-                last = e
-                if attempt + 1 < attempts:
-                    time.sleep(_backoff(backoff, attempt))
-        assert last is not None
-        raise last
+        return self._run(
+            self._invoke_resending_flow(
+                tool, arguments, workflow_id, step_id, wait, raise_on, attempts, backoff
+            )
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
     def tools(self) -> list[ToolInfo]:
         """`GET /v1/tools`: every loaded tool with its model-facing description and schema."""
-        req = _Request("GET", "/v1/tools")
-        return self._tool_list(self._send(req), req)
+        return self._run(self._tools_flow())
 
     def tool(self, name: str) -> ToolInfo:
         """`GET /v1/tools/{name}`; an unknown name raises `UnknownToolError`."""
-        req = _Request("GET", f"/v1/tools/{quote(name, safe='')}")
-        return self._tool_info(self._send(req), req, name)
-
-    def _known_tool(self, name: str) -> Optional[ToolInfo]:
-        if name in self._tools:
-            return self._tools[name]
-        try:
-            return self.tool(name)
-        except NotFoundError:
-            # A gateway without `GET /v1/tools/{tool}`: the invocation's answer will say.
-            return None
+        return self._run(self._tool_flow(name))
 
     def operation(self, operation_key: str) -> Operation:
         """`GET /v1/operations/{key}`: record, receipt, current outcome and events."""
-        req = _Request("GET", f"/v1/operations/{_key_path(operation_key)}")
-        return self._operation(self._send(req), req)
+        return self._run(self._operation_flow(operation_key))
 
     # -- operator ------------------------------------------------------------------------------
 
@@ -504,42 +650,29 @@ class Client(_Core):
         limit: Optional[int] = None,
     ) -> OperationPage:
         """`GET /v1/operations` (operator): `status="unknown"` is the reconciliation queue."""
-        req = self._list_request(status, tool, after, limit)
-        return self._page(self._send(req), req)
+        return self._run(self._operations_flow(status, tool, after, limit))
 
     def reconcile(self, operation_key: str) -> Outcome:
         """Asks the gateway to look the receipt up now (operator)."""
-        req = self._reconcile_request(operation_key, None)
-        return self._outcome(self._send(req), req)
+        return self._run(self._reconcile_flow(operation_key))
 
     def resolve_applied(
         self, operation_key: str, effect_reference: str, result: Any = None
     ) -> Outcome:
         """Records that the effect happened, with its reference and result (operator)."""
-        body = {"resolution": "applied", "effect_reference": effect_reference, "result": result}
-        req = self._reconcile_request(operation_key, body)
-        return self._outcome(self._send(req), req)
+        return self._run(self._resolve_applied_flow(operation_key, effect_reference, result))
 
     def resolve_not_applied(self, operation_key: str) -> Outcome:
         """Records that the effect did not happen: the key may run again (operator)."""
-        req = self._reconcile_request(operation_key, {"resolution": "not_applied"})
-        return self._outcome(self._send(req), req)
+        return self._run(self._reconcile_flow(operation_key, {"resolution": "not_applied"}))
 
     def approve(self, operation_key: str, fingerprint: Optional[str] = None) -> Outcome:
         """Approves an operation awaiting approval, bound to `fingerprint` when given."""
-        body = {} if fingerprint is None else {"fingerprint": fingerprint}
-        req = _Request(
-            "POST", f"/v1/operations/{_key_path(operation_key)}/approve", json=body, effectful=True
-        )
-        return self._outcome(self._send(req), req)
+        return self._run(self._decide_flow(operation_key, "approve", "fingerprint", fingerprint))
 
     def deny(self, operation_key: str, reason: Optional[str] = None) -> Outcome:
         """Denies an operation awaiting approval; its answer is the `approval_denied` refusal."""
-        body = {} if reason is None else {"reason": reason}
-        req = _Request(
-            "POST", f"/v1/operations/{_key_path(operation_key)}/deny", json=body, effectful=True
-        )
-        return self._outcome(self._send(req), req)
+        return self._run(self._decide_flow(operation_key, "deny", "reason", reason))
 
 
 class AsyncClient(_Core):
@@ -555,50 +688,29 @@ class AsyncClient(_Core):
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
         super().__init__(base_url, token, timeout=timeout, raise_on=raise_on)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=self._headers(),
-            timeout=self._http_timeout(),
-            transport=transport,
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._http = httpx.AsyncClient(transport=transport, **self._http_options())
 
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, req: _Request) -> httpx.Response:
-        for attempt in range(2):
+    async def _run(self, flow: _Flow[T]) -> T:
+        """Runs a flow: its requests sent and its pauses slept, awaited."""
+        run = _Run(flow)
+        while (step := run.next()) is not None:
+            if isinstance(step, _Pause):
+                await asyncio.sleep(step.seconds)
+                continue
             try:
-                return await self._http.request(
-                    req.method,
-                    req.path,
-                    json=req.json,
-                    headers=req.headers,
-                    params=req.params,
-                    timeout=req.timeout or self._http_timeout(),
-                )
+                run.answer(await self._http.request(**self._http_arguments(step)))
             except httpx.TransportError as e:
-                if attempt == 0 and _read_again(req, e):
-                    continue
-                raise self._transport_error(e, req) from e
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def workflow(workflow_id: str) -> WorkflowScope:
-        """`async with client.workflow(run_id):` — the same as `idemgate.workflow(run_id)`."""
-        return WorkflowScope(workflow_id)
+                run.fail(e)
+        return run.result
 
     def step(self, step_id: str) -> "AsyncStep":
         """A step of the current workflow: `await client.step("record_issue").invoke(...)`."""
@@ -615,12 +727,8 @@ class AsyncClient(_Core):
         raise_on: Optional[RaiseOn] = None,
     ) -> Outcome:
         """See `Client.invoke`."""
-        identity = _identity.resolve(tool, workflow_id, step_id)
-        if identity is None:
-            self._require_identity(tool, await self._known_tool(tool))
-        req = self._invoke_request(tool, arguments, identity, wait)
-        chosen = self._raise_on if raise_on is None else _raise_on(raise_on)
-        return self._outcome(await self._send(req), req, tool=tool, raise_on=chosen)
+        flow = self._invoke_flow(tool, arguments, workflow_id, step_id, wait, raise_on)
+        return await self._run(flow)
 
     async def invoke_resending(
         self,
@@ -635,44 +743,20 @@ class AsyncClient(_Core):
         backoff: float = 0.5,
     ) -> Outcome:
         """See `Client.invoke_resending`."""
-        identity = self._resend_identity(tool, workflow_id, step_id, attempts)
-        last: Optional[TransportError] = None
-        for attempt in range(attempts):
-            try:
-                return await self.invoke(
-                    tool,
-                    arguments,
-                    workflow_id=identity.workflow_id,
-                    step_id=identity.step_id,
-                    wait=wait,
-                    raise_on=raise_on,
-                )
-            except TransportError as e:
-                last = e
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(_backoff(backoff, attempt))
-        assert last is not None
-        raise last
+        return await self._run(
+            self._invoke_resending_flow(
+                tool, arguments, workflow_id, step_id, wait, raise_on, attempts, backoff
+            )
+        )
 
     async def tools(self) -> list[ToolInfo]:
-        req = _Request("GET", "/v1/tools")
-        return self._tool_list(await self._send(req), req)
+        return await self._run(self._tools_flow())
 
     async def tool(self, name: str) -> ToolInfo:
-        req = _Request("GET", f"/v1/tools/{quote(name, safe='')}")
-        return self._tool_info(await self._send(req), req, name)
-
-    async def _known_tool(self, name: str) -> Optional[ToolInfo]:
-        if name in self._tools:
-            return self._tools[name]
-        try:
-            return await self.tool(name)
-        except NotFoundError:
-            return None
+        return await self._run(self._tool_flow(name))
 
     async def operation(self, operation_key: str) -> Operation:
-        req = _Request("GET", f"/v1/operations/{_key_path(operation_key)}")
-        return self._operation(await self._send(req), req)
+        return await self._run(self._operation_flow(operation_key))
 
     async def operations(
         self,
@@ -681,37 +765,25 @@ class AsyncClient(_Core):
         after: Optional[str] = None,
         limit: Optional[int] = None,
     ) -> OperationPage:
-        req = self._list_request(status, tool, after, limit)
-        return self._page(await self._send(req), req)
+        return await self._run(self._operations_flow(status, tool, after, limit))
 
     async def reconcile(self, operation_key: str) -> Outcome:
-        req = self._reconcile_request(operation_key, None)
-        return self._outcome(await self._send(req), req)
+        return await self._run(self._reconcile_flow(operation_key))
 
     async def resolve_applied(
         self, operation_key: str, effect_reference: str, result: Any = None
     ) -> Outcome:
-        body = {"resolution": "applied", "effect_reference": effect_reference, "result": result}
-        req = self._reconcile_request(operation_key, body)
-        return self._outcome(await self._send(req), req)
+        return await self._run(self._resolve_applied_flow(operation_key, effect_reference, result))
 
     async def resolve_not_applied(self, operation_key: str) -> Outcome:
-        req = self._reconcile_request(operation_key, {"resolution": "not_applied"})
-        return self._outcome(await self._send(req), req)
+        return await self._run(self._reconcile_flow(operation_key, {"resolution": "not_applied"}))
 
     async def approve(self, operation_key: str, fingerprint: Optional[str] = None) -> Outcome:
-        body = {} if fingerprint is None else {"fingerprint": fingerprint}
-        req = _Request(
-            "POST", f"/v1/operations/{_key_path(operation_key)}/approve", json=body, effectful=True
-        )
-        return self._outcome(await self._send(req), req)
+        flow = self._decide_flow(operation_key, "approve", "fingerprint", fingerprint)
+        return await self._run(flow)
 
     async def deny(self, operation_key: str, reason: Optional[str] = None) -> Outcome:
-        body = {} if reason is None else {"reason": reason}
-        req = _Request(
-            "POST", f"/v1/operations/{_key_path(operation_key)}/deny", json=body, effectful=True
-        )
-        return self._outcome(await self._send(req), req)
+        return await self._run(self._decide_flow(operation_key, "deny", "reason", reason))
 
 
 class Step(StepScope):

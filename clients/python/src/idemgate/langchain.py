@@ -30,9 +30,9 @@ Install with the `langgraph` extra: `pip install 'idemgate[langgraph]'`.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import contextvars
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -45,12 +45,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pydantic import PrivateAttr
 
 from . import _identity
+from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
 from ._client import AsyncClient, Client, RaiseOn
 from ._model_text import outcome_text
 from ._models import ToolInfo
 from ._outcomes import MissingIdentityError, Outcome
 
-StepSuffix = Union[str, Callable[[Mapping[str, Any]], str]]
+StepSuffix = StepOf
 
 # The id of the model's tool call being run, set by `invoke`/`ainvoke` for the tool's body.
 _TOOL_CALL_ID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
@@ -58,16 +59,21 @@ _TOOL_CALL_ID: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
 )
 
 
-def model_name(tool_name: str) -> str:
-    """A tool name as model APIs accept it (letters, digits, `_` and `-`)."""
-    return "".join(c if c.isalnum() or c in "_-" else "_" for c in tool_name)[:64]
-
-
 def _tool_call_id(value: Any) -> Optional[str]:
     if isinstance(value, Mapping) and value.get("type") == "tool_call":
         call_id = value.get("id")
         return call_id if isinstance(call_id, str) and call_id else None
     return None
+
+
+@contextlib.contextmanager
+def _calling(input: Any) -> Iterator[None]:
+    """The tool's body runs with the id of the model's tool call it was given, if any."""
+    token = _TOOL_CALL_ID.set(_tool_call_id(input))
+    try:
+        yield
+    finally:
+        _TOOL_CALL_ID.reset(token)
 
 
 def identity_from_config(
@@ -115,32 +121,29 @@ class IdemgateTool(BaseTool):
     """A LangChain tool that invokes one gateway tool. Build it with `as_langchain_tool`."""
 
     response_format: Any = "content_and_artifact"
-    _client: Union[Client, AsyncClient] = PrivateAttr()
+    _client: AnyClient = PrivateAttr()
     _tool: str = PrivateAttr()
     _step: Optional[StepSuffix] = PrivateAttr(default=None)
     _wait: Optional[float] = PrivateAttr(default=None)
     _raise_on: Optional[RaiseOn] = PrivateAttr(default=None)
 
     def invoke(self, input: Any, config: Optional[RunnableConfig] = None, **kwargs: Any) -> Any:
-        token = _TOOL_CALL_ID.set(_tool_call_id(input))
-        try:
+        with _calling(input):
             return super().invoke(input, config, **kwargs)
-        finally:
-            _TOOL_CALL_ID.reset(token)
 
     async def ainvoke(
         self, input: Any, config: Optional[RunnableConfig] = None, **kwargs: Any
     ) -> Any:
-        token = _TOOL_CALL_ID.set(_tool_call_id(input))
-        try:
+        with _calling(input):
             return await super().ainvoke(input, config, **kwargs)
-        finally:
-            _TOOL_CALL_ID.reset(token)
 
-    def _identity(self, config: RunnableConfig, arguments: Mapping[str, Any]) -> Optional[_identity.Identity]:
-        return identity_from_config(
+    def _options(self, config: RunnableConfig, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """`invoke`'s keyword arguments for this call: its identity, `wait` and `raise_on`."""
+        identity = identity_from_config(
             self._tool, config, arguments, self._step, _TOOL_CALL_ID.get()
         )
+        raise_on = self._raise_on if self._raise_on is not None else ()
+        return invoke_options(identity, self._wait, raise_on)
 
     def _answer(self, outcome: Outcome) -> tuple[str, dict[str, Any]]:
         return outcome_text(outcome), dict(outcome.raw)
@@ -152,48 +155,16 @@ class IdemgateTool(BaseTool):
                 f"the tool {self.name} wraps an AsyncClient: call it with `ainvoke`, or build it "
                 "from an idemgate.Client"
             )
-        identity = self._identity(config, arguments)
-        outcome = client.invoke(
-            self._tool,
-            arguments,
-            workflow_id=identity.workflow_id if identity else None,
-            step_id=identity.step_id if identity else None,
-            wait=self._wait,
-            raise_on=self._raise_on if self._raise_on is not None else (),
-        )
+        outcome = client.invoke(self._tool, arguments, **self._options(config, arguments))
         return self._answer(outcome)
 
     async def _arun(self, config: RunnableConfig, **arguments: Any) -> tuple[str, dict[str, Any]]:
-        client = self._client
-        identity = self._identity(config, arguments)
-        workflow_id = identity.workflow_id if identity else None
-        step_id = identity.step_id if identity else None
-        raise_on = self._raise_on if self._raise_on is not None else ()
-        if isinstance(client, AsyncClient):
-            outcome = await client.invoke(
-                self._tool,
-                arguments,
-                workflow_id=workflow_id,
-                step_id=step_id,
-                wait=self._wait,
-                raise_on=raise_on,
-            )
-        else:
-            # `to_thread` copies the context, so the explicit scope follows the call.
-            outcome = await asyncio.to_thread(
-                client.invoke,
-                self._tool,
-                arguments,
-                workflow_id=workflow_id,
-                step_id=step_id,
-                wait=self._wait,
-                raise_on=raise_on,
-            )
-        return self._answer(outcome)
+        options = self._options(config, arguments)
+        return self._answer(await invoke_from_async(self._client, self._tool, arguments, options))
 
 
 def as_langchain_tool(
-    client: Union[Client, AsyncClient],
+    client: AnyClient,
     tool_name: str,
     *,
     info: Optional[ToolInfo] = None,
@@ -212,13 +183,7 @@ def as_langchain_tool(
     call that finds its own operation still in flight (a resumed run) waits for it to settle.
     `raise_on` is passed to `invoke` (by default every outcome is returned to the model).
     """
-    if info is None:
-        if not isinstance(client, Client):
-            raise TypeError(
-                "with an AsyncClient, pass info=await client.tool(name), or use "
-                "`await as_langchain_tool_async(client, name)`"
-            )
-        info = client.tool(tool_name)
+    info = tool_info(client, tool_name, info, "as_langchain_tool_async")
     tool = IdemgateTool(
         name=name or model_name(info.name),
         description=description or info.description,

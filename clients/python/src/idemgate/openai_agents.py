@@ -32,10 +32,9 @@ Install with the `openai-agents` extra: `pip install 'idemgate[openai-agents]'`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 try:
     from agents import FunctionTool, RunContextWrapper
@@ -45,12 +44,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from . import _identity
-from ._client import AsyncClient, Client
+from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
+from ._client import AsyncClient
 from ._model_text import outcome_text, transport_text
 from ._models import ToolInfo
 from ._outcomes import MissingIdentityError, Outcome, TransportError
 
-StepName = Union[str, Callable[[Mapping[str, Any]], str]]
+StepName = StepOf
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,6 @@ class RunIdentity:
     Any context with a `workflow_id` (or `idemgate_workflow_id`) attribute does the same."""
 
     workflow_id: str
-
-
-def model_name(tool_name: str) -> str:
-    """A tool name as the model APIs accept it (letters, digits, `_` and `-`)."""
-    return "".join(c if c.isalnum() or c in "_-" else "_" for c in tool_name)[:64]
 
 
 def workflow_of(context: Any) -> Optional[str]:
@@ -100,7 +95,7 @@ def identity_for(
 
 
 def function_tool(
-    client: Union[Client, AsyncClient],
+    client: AnyClient,
     tool_name: str,
     *,
     info: Optional[ToolInfo] = None,
@@ -119,13 +114,7 @@ def function_tool(
     gateway's answer is lost (`invoke_resending`); by default the model is told and may call
     again, which is the same operation.
     """
-    if info is None:
-        if not isinstance(client, Client):
-            raise TypeError(
-                "with an AsyncClient, pass info=await client.tool(name), or use "
-                "`await function_tool_async(client, name)`"
-            )
-        info = client.tool(tool_name)
+    info = tool_info(client, tool_name, info, "function_tool_async")
     gateway_name = info.name
 
     async def invoke(ctx: RunContextWrapper[Any], raw: str) -> str:
@@ -141,7 +130,9 @@ def function_tool(
             )
         identity = identity_for(gateway_name, ctx, arguments, step)
         try:
-            outcome = await _invoke(client, gateway_name, arguments, identity, wait, resend_attempts)
+            outcome = await invoke_from_async(
+                client, gateway_name, arguments, invoke_options(identity, wait, ()), resend_attempts
+            )
         except TransportError as e:
             return transport_text(e)
         return outcome_text(outcome)
@@ -155,31 +146,6 @@ def function_tool(
         # gateway checks every call against the contract's schema itself.
         strict_json_schema=False,
     )
-
-
-async def _invoke(
-    client: Union[Client, AsyncClient],
-    tool: str,
-    arguments: Mapping[str, Any],
-    identity: _identity.Identity,
-    wait: Optional[float],
-    attempts: int,
-) -> Outcome:
-    options: dict[str, Any] = {
-        "workflow_id": identity.workflow_id,
-        "step_id": identity.step_id,
-        "wait": wait,
-        "raise_on": (),
-    }
-    if isinstance(client, AsyncClient):
-        if attempts > 1:
-            return await client.invoke_resending(tool, arguments, attempts=attempts, **options)
-        return await client.invoke(tool, arguments, **options)
-    if attempts > 1:
-        return await asyncio.to_thread(
-            client.invoke_resending, tool, arguments, attempts=attempts, **options
-        )
-    return await asyncio.to_thread(client.invoke, tool, arguments, **options)
 
 
 async def function_tool_async(client: AsyncClient, tool_name: str, **options: Any) -> FunctionTool:
