@@ -524,6 +524,20 @@ fn lint_says_what_serve_would_refuse_in_the_http_section() {
     );
 }
 
+#[test]
+fn docs_contracts_md_lists_every_rule() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/contracts.md"),
+    )
+    .unwrap();
+    for rule in idemgate_core::lint::RULES {
+        assert!(
+            doc.contains(&format!("| `{rule}` |")),
+            "docs/contracts.md lacks {rule}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // contract new
 

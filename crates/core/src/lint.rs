@@ -23,6 +23,30 @@ pub struct Finding {
     pub reason: String,
 }
 
+/// Every rule the linter raises, in the order it checks them; `docs/contracts.md` lists each.
+pub const RULES: &[&str] = &[
+    "no-version",
+    "no-purpose",
+    "no-do-not-use-when",
+    "non-idempotent-exposed",
+    "key-without-tenant",
+    "key-without-step",
+    "key-supplier-unstated",
+    "key-not-from-application",
+    "no-receipt-path",
+    "no-reconciliation-owner",
+    "no-material-fields",
+    "fingerprint-over-everything",
+    "transport-field-in-fingerprint",
+    "irreversible-without-approval",
+    "no-authorization-recheck",
+    "no-version-precondition",
+    "no-retention",
+    "retention-shorter-than-retry-window",
+    "record-shorter-than-retry-window",
+    "no-next-review",
+];
+
 /// Argument names that describe the transport or the attempt, not the operation.
 const TRANSPORT_FIELDS: &[&str] = &[
     "trace_id",
@@ -54,7 +78,8 @@ fn is_transport(field: &str) -> bool {
 /// Reviews one contract file.
 pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     let mut out = Vec::new();
-    let mut flag = |level, rule, field: &str, reason: String| {
+    let mut flag = |level, rule: &'static str, field: &str, reason: String| {
+        debug_assert!(RULES.contains(&rule), "{rule} is not in RULES");
         out.push(Finding {
             level,
             rule,

@@ -2,9 +2,9 @@
 //!
 //! Reading order:
 //!
-//! - [`config::Config`] — the TOML configuration (listen address, environment, store URL,
-//!   contracts, tenants and token hashes, limits, recovery intervals), or the development
-//!   defaults.
+//! - [`config::Config`] — the TOML configuration (listen address, public URL, environment,
+//!   store URL, contracts, tenants and token hashes, limits, recovery intervals), or the
+//!   development defaults.
 //! - [`auth::Tokens`] — bearer tokens by SHA-256, compared in constant time, each mapping to a
 //!   tenant, a holder and a [`auth::Role`].
 //! - [`tools::ToolSet`] — the loaded contracts, each with its `Downstream` and authorization
@@ -12,7 +12,10 @@
 //! - [`state::Gateway`] builds the [`state::AppState`]: the executor over a metered store.
 //! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
 //! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
-//!   RFC 9457 problems.
+//!   RFC 9457 problems; [`problems`] — one entry per error code, written once: the page each
+//!   problem's `type` names (`/problems/{code}`) and `docs/errors.md`.
+//! - [`openapi`] — the document's enums from the core's own lists and the answer headers,
+//!   declared by one rule on every response that carries them.
 //! - [`mcp`] — the MCP face over the same state: `/mcp` (streamable HTTP, the same bearer
 //!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
