@@ -361,7 +361,36 @@ fn view(e: &Entry) -> ProblemTypeView {
 #[template(path = "problem.html")]
 struct Page<'a> {
     problem: &'a ProblemTypeView,
+    /// The three texts as HTML: escaped, with their `code` spans marked up.
+    meaning: String,
+    effect: String,
+    action: String,
     others: Vec<(&'static str, &'static str)>,
+}
+
+/// Escapes `text` for HTML and turns its backtick spans into `<code>` elements (the entries
+/// are written once, for the Markdown document and the page alike).
+fn html_of(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut in_code = false;
+    for c in text.chars() {
+        match c {
+            '`' => {
+                out.push_str(if in_code { "</code>" } else { "<code>" });
+                in_code = !in_code;
+            }
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    if in_code {
+        out.push_str("</code>");
+    }
+    out
 }
 
 #[derive(Template)]
@@ -435,6 +464,9 @@ pub async fn page(Segment(code): Segment, headers: HeaderMap) -> Result<Response
     }
     let page = Page {
         problem: &problem,
+        meaning: html_of(entry.meaning),
+        effect: html_of(entry.effect),
+        action: html_of(entry.action),
         others: ENTRIES
             .iter()
             .filter(|e| e.code != entry.code)
@@ -575,6 +607,25 @@ mod tests {
             ProblemBase::relative().type_of(ErrorCode::NotFound),
             "/problems/not_found"
         );
+    }
+
+    #[test]
+    fn html_marks_up_code_and_escapes_the_rest() {
+        assert_eq!(
+            html_of("send `a<b>` & 'c'"),
+            "send <code>a&lt;b&gt;</code> &amp; &#39;c&#39;"
+        );
+        assert_eq!(html_of("`open"), "<code>open</code>");
+        for e in ENTRIES {
+            for text in [e.meaning, e.effect, e.action] {
+                assert_eq!(
+                    text.matches('`').count() % 2,
+                    0,
+                    "{}: {text}",
+                    e.code.as_str()
+                );
+            }
+        }
     }
 
     #[test]
