@@ -9,8 +9,11 @@
 //! | rejected | `application/problem+json` (RFC 9457), status by error code (below) |
 //! | unknown | 202 |
 //!
-//! Every outcome answer carries `Idempotency-Outcome: <status>`. Internal detail (store
-//! errors, panics' context) goes to the log, never into an answer.
+//! Every answer carries `Idempotency-Outcome: <label>`, and every body the member `outcome`
+//! with the same label (`status` is the label in an outcome body, the HTTP status in a
+//! problem). A problem's `type` is `<base>/problems/<code>`, a page that explains the code
+//! ([`crate::problems`]). Internal detail (store errors, panics' context) goes to the log,
+//! never into an answer.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
