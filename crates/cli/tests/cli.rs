@@ -193,23 +193,23 @@ fn warnings_alone_pass() {
 }
 
 #[test]
-fn lint_json_lists_findings_with_their_file() {
+fn lint_json_lists_each_files_findings_and_decision() {
     let bad = contract("bad/webhooks.notify.yaml");
+    let good = contract("tickets.get.yaml");
     let r = check(
-        &[
-            "contract",
-            "lint",
-            "--format",
-            "json",
-            &contract("tickets.get.yaml"),
-            &bad,
-        ],
+        &["contract", "lint", "--format", "json", &good, &bad],
         1,
         &[],
         &[],
     );
-    let findings: Value = serde_json::from_str(&r.stdout).unwrap();
-    let rows: Vec<String> = findings
+    let reviews: Value = serde_json::from_str(&r.stdout).unwrap();
+    let reviews = reviews.as_array().unwrap();
+    assert_eq!(reviews.len(), 2);
+    assert_eq!(reviews[0]["file"], good.as_str());
+    assert_eq!(reviews[0]["findings"], serde_json::json!([]));
+    assert_eq!(reviews[0]["decision"], "automate");
+    assert_eq!(reviews[1]["file"], bad.as_str());
+    let rows: Vec<String> = reviews[1]["findings"]
         .as_array()
         .unwrap()
         .iter()
@@ -231,23 +231,21 @@ fn lint_json_lists_findings_with_their_file() {
             format!(r#"{bad} null "error" "no-receipt-path" "downstream""#),
         ]
     );
-    assert!(findings[0]["reason"].as_str().unwrap().contains("tenant"));
-    // A clean run is an empty array, not nothing.
-    let r = check(
-        &[
-            "contract",
-            "lint",
-            "--format",
-            "json",
-            &contract("tickets.get.yaml"),
-        ],
-        0,
-        &[],
-        &[],
+    assert!(
+        reviews[1]["findings"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("tenant")
     );
     assert_eq!(
-        serde_json::from_str::<Value>(&r.stdout).unwrap(),
-        serde_json::json!([])
+        reviews[1]["decision"],
+        "keep manual until reconciliation exists"
+    );
+    assert!(
+        reviews[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no-receipt-path")
     );
 }
 
@@ -310,6 +308,428 @@ fn lint_needs_a_file() {
         2,
         &[],
         &["xml"],
+    );
+}
+
+#[test]
+fn lint_ends_each_contract_with_the_seeds_decision() {
+    let cases = [
+        ("tickets.get.yaml", "decision: automate — read"),
+        (
+            "tickets.set_status.yaml",
+            "decision: automate — natural_idempotent",
+        ),
+        ("reports.generate.yaml", "decision: automate — key_based"),
+        (
+            "tickets.create.yaml",
+            "decision: automate with approval — operations matching approval_when (queue_id)",
+        ),
+        (
+            "email.send.yaml",
+            "decision: automate with approval — irreversible: an operator approves every operation",
+        ),
+        (
+            "bad/webhooks.notify.yaml",
+            "decision: keep manual until reconciliation exists — 2 errors to fix first (no-receipt-path, key-without-tenant)",
+        ),
+        (
+            "bad/messages.post.yaml",
+            "decision: keep manual until reconciliation exists — 1 error to fix first (fingerprint-over-everything)",
+        ),
+    ];
+    for (file, decision) in cases {
+        let path = contract(file);
+        let r = run(&["contract", "lint", &path]);
+        let lines: Vec<&str> = r.stdout.lines().collect();
+        // The decision is the file's last line, before the run's summary.
+        let last = lines[lines.len() - 2];
+        assert!(
+            last.starts_with(&format!("{path}: {decision}")),
+            "{file}: {last:?}\n{}",
+            r.stdout
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.contains(": decision: ")).count(),
+            1,
+            "{file}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// contract lint on drafts
+
+/// `tickets.create.yaml` with `edits` applied, each a (from, to) that must occur.
+fn tickets_create_with(edits: &[(&str, &str)]) -> String {
+    let mut text = std::fs::read_to_string(contracts().join("tickets.create.yaml")).unwrap();
+    for (from, to) in edits {
+        assert!(
+            text.contains(from),
+            "`{from}` is not in tickets.create.yaml"
+        );
+        text = text.replacen(from, to, 1);
+    }
+    text
+}
+
+#[test]
+fn a_draft_without_retention_owner_or_version_lists_each_and_the_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("draft.yaml");
+    std::fs::write(
+        &path,
+        tickets_create_with(&[
+            ("version: \"2026-08-18\"\n", ""),
+            (
+                "retention:\n  record_ttl: 7d\n  tombstone_ttl: 30d\n  late_arrival: reject\n  max_retry_window: 1d\n",
+                "",
+            ),
+            (
+                "owner:\n  reconciliation: support-platform-oncall\n  next_review: \"2027-02-01\"\n",
+                "",
+            ),
+        ]),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let r = check(
+        &["contract", "lint", path],
+        1,
+        &[
+            "error[no-version] version:",
+            "error[no-retention] retention:",
+            "error[no-reconciliation-owner] owner.reconciliation:",
+            "warning[no-next-review] owner.next_review:",
+            &format!("{path}: decision: keep manual until reconciliation exists — "),
+            "1 contract checked: 4 errors, 1 warning",
+        ],
+        &[],
+    );
+    assert!(!r.stdout.contains("error[parse]"), "{}", r.stdout);
+}
+
+#[test]
+fn a_draft_that_does_not_parse_is_still_reviewed_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("seed.yaml");
+    // Written the way the seed's design-review artifact is: fields this format does not
+    // have, a scope as prose, an owner as a placeholder list, a key from the model, and no
+    // material fields.
+    let text = tickets_create_with(&[
+        ("effect_class: key_based", "effect_class: key_based_create"),
+        (
+            "  supplied_by: application\n",
+            "  supplied_by: model\n  derived_by: model\n",
+        ),
+        (
+            "  scope: [tenant, environment, workflow_id, step_id]",
+            "  scope: tenant + environment + workflow_id + step_id",
+        ),
+        ("  fields: [queue_id, subject, body]\n", ""),
+        ("  defaults:\n    queue_id: support\n", ""),
+        (
+            "  normalize:\n    # The ticket service trims subjects itself; the body is kept byte for byte.\n    subject: [trim]\n",
+            "",
+        ),
+        (
+            "  reconciliation: support-platform-oncall",
+            "  reconciliation: [team or person]",
+        ),
+        (
+            "retention:\n  record_ttl: 7d\n",
+            "retention:\n  rule: longer than the retry window\n",
+        ),
+        (
+            "owner:\n",
+            "tests: [duplicate_same_key, lost_response_after_commit]\nowner:\n",
+        ),
+    ]);
+    std::fs::write(&path, &text).unwrap();
+    let path = path.to_str().unwrap();
+    let line = |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    check(
+        &["contract", "lint", path],
+        1,
+        &[
+            // What the reader could not take, each with its line, the rest still reviewed.
+            &format!(
+                "{path}:{}: error[parse] effect_class: unknown variant `key_based_create`",
+                line("key_based_create")
+            ),
+            "reviewed as key_based",
+            &format!(
+                "{path}:{}: error[parse] operation_key.derived_by: unknown field `derived_by`",
+                line("derived_by")
+            ),
+            &format!(
+                "{path}:{}: error[parse] operation_key.scope: invalid type",
+                line("scope: tenant +")
+            ),
+            &format!(
+                "{path}:{}: error[parse] owner.reconciliation: invalid type",
+                line("[team or person]")
+            ),
+            &format!(
+                "{path}:{}: error[parse] retention.rule: unknown field `rule`",
+                line("rule: longer")
+            ),
+            "error[parse] retention.record_ttl: missing field `record_ttl`; reviewed as if `retention` were not written",
+            &format!(
+                "{path}:{}: error[parse] tests: unknown field `tests`",
+                line("tests: [")
+            ),
+            // The linter's red flags on what remains.
+            "error[key-not-from-application] operation_key.supplied_by: the key is supplied by `model`",
+            "error[key-without-tenant] operation_key.scope:",
+            "error[no-material-fields] request_fingerprint.fields:",
+            "error[no-reconciliation-owner] owner.reconciliation:",
+            "error[no-retention] retention:",
+            &format!("{path}: decision: keep manual until reconciliation exists — "),
+        ],
+        &[],
+    );
+    // Lines in the order they are written.
+    let r = run(&["contract", "lint", path]);
+    let parse_lines: Vec<usize> = r
+        .stdout
+        .lines()
+        .filter(|l| l.contains("error[parse]"))
+        .filter_map(|l| l.split(':').nth(1)?.parse().ok())
+        .collect();
+    let mut sorted = parse_lines.clone();
+    sorted.sort();
+    assert_eq!(parse_lines, sorted, "{}", r.stdout);
+}
+
+#[test]
+fn lint_says_what_serve_would_refuse_in_the_http_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("url.yaml");
+    std::fs::write(
+        &path,
+        tickets_create_with(&[(
+            "url: http://127.0.0.1:9000/tickets\n",
+            "url: http://127.0.0.1:9000/queues/{queue}/tickets\n",
+        )]),
+    )
+    .unwrap();
+    check(
+        &["contract", "lint", path.to_str().unwrap()],
+        1,
+        &[
+            "error[load] downstream.http.url: placeholder `{queue}` is not `operation_key` or a property of the input schema",
+            "decision: keep manual until reconciliation exists — 1 error to fix first (load): the gateway would refuse",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn docs_contracts_md_lists_every_rule() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/contracts.md"),
+    )
+    .unwrap();
+    for rule in idemgate_core::lint::RULES {
+        assert!(
+            doc.contains(&format!("| `{rule}` |")),
+            "docs/contracts.md lacks {rule}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// contract new
+
+fn run_in(dir: &std::path::Path, args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// Every field of a drafted contract (outside the example input schema) has a comment: on the
+/// line before it, or as the first line of its block.
+fn every_field_is_commented(text: &str) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut in_schema = false;
+    for (i, line) in lines.iter().enumerate() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim_start();
+        if indent == 0 {
+            in_schema = t.starts_with("input_schema:");
+        }
+        let is_field = !t.starts_with('#')
+            && !t.starts_with('-')
+            && t.split_once(':').is_some_and(|(k, _)| {
+                !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+        if !is_field || indent > 4 || (in_schema && indent > 0) {
+            continue;
+        }
+        let before = i > 0 && lines[i - 1].trim_start().starts_with('#');
+        let first_child = lines
+            .get(i + 1)
+            .is_some_and(|next| next.trim_start().starts_with('#') && t.ends_with(':'));
+        assert!(
+            before || first_child,
+            "line {}: `{line}` has no comment\n{text}",
+            i + 1
+        );
+    }
+}
+
+#[test]
+fn new_drafts_every_class_and_the_draft_lints_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("read", "decision: automate — read"),
+        (
+            "natural_idempotent",
+            "decision: automate — natural_idempotent",
+        ),
+        ("key_based", "decision: automate — key_based"),
+        (
+            "irreversible",
+            "decision: automate with approval — irreversible",
+        ),
+    ];
+    for (class, decision) in cases {
+        let name = format!("demo.{class}");
+        let out = dir.path().join(format!("{class}.yaml"));
+        let out = out.to_str().unwrap();
+        check(
+            &["contract", "new", &name, "--class", class, "--out", out],
+            0,
+            &[&format!("wrote {out}")],
+            &[],
+        );
+        let text = std::fs::read_to_string(out).unwrap();
+        assert!(text.contains(&format!("\nname: {name}\n")), "{text}");
+        assert!(
+            text.contains(&format!("\neffect_class: {class}\n")),
+            "{text}"
+        );
+        every_field_is_commented(&text);
+        let r = check(
+            &["contract", "lint", out],
+            0,
+            &[
+                &format!("{out}: ok"),
+                &format!("{out}: {decision}"),
+                "1 contract checked: 0 errors, 0 warnings",
+            ],
+            &[],
+        );
+        assert_eq!(r.stderr, "");
+        let r = check(&["contract", "lint", "--format", "json", out], 0, &[], &[]);
+        let review: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(review[0]["findings"], serde_json::json!([]), "{class}");
+    }
+    // A key-based draft fingerprints its own example arguments.
+    check(
+        &[
+            "contract",
+            "fingerprint",
+            dir.path().join("key_based.yaml").to_str().unwrap(),
+            "--args",
+            r#"{"subject": "Refund", "body": "Order 42 arrived broken."}"#,
+        ],
+        0,
+        &[
+            "tool              demo.key_based",
+            "fingerprint       sha256:",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn new_writes_name_yaml_by_default_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_in(
+        dir.path(),
+        &["contract", "new", "tickets.close", "--class", "key_based"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let path = dir.path().join("tickets.close.yaml");
+    let first = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, "name: mine\n").unwrap();
+    let again = run_in(
+        dir.path(),
+        &["contract", "new", "tickets.close", "--class", "read"],
+    );
+    assert_eq!(again.code, 2);
+    assert!(
+        again
+            .stderr
+            .contains("tickets.close.yaml exists; refusing to overwrite it"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "name: mine\n");
+    assert!(first.contains("name: tickets.close"));
+}
+
+#[test]
+fn new_refuses_bad_names_classes_and_non_idempotent_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.yaml");
+    let out = out.to_str().unwrap();
+    check(
+        &[
+            "contract",
+            "new",
+            "two words",
+            "--class",
+            "read",
+            "--out",
+            out,
+        ],
+        2,
+        &[],
+        &["\"two words\" is not a tool name"],
+    );
+    check(
+        &[
+            "contract",
+            "new",
+            "ledger.add",
+            "--class",
+            "non_idempotent",
+            "--out",
+            out,
+        ],
+        2,
+        &[],
+        &[
+            "non_idempotent tools are refused",
+            "key_based",
+            "natural_idempotent",
+        ],
+    );
+    check(
+        &["contract", "new", "x", "--class", "sometimes", "--out", out],
+        2,
+        &[],
+        &["sometimes", "key_based"],
+    );
+    check(
+        &["contract", "new", "x", "--out", out],
+        2,
+        &[],
+        &["--class"],
+    );
+    assert!(
+        !std::path::Path::new(out).exists(),
+        "nothing is written on a refusal"
     );
 }
 

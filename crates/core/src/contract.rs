@@ -306,6 +306,205 @@ impl ContractFile {
     }
 }
 
+/// A draft read as far as it goes: the contract the linter reviews, and what had to be left
+/// out or assumed to read it.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub file: ContractFile,
+    /// Each field that could not be read as written: unknown, of the wrong type, or missing
+    /// where it is required. Empty when the file parses as it is.
+    pub problems: Vec<LoadError>,
+}
+
+/// One step of a dotted field path as the YAML reader reports it (`a.b[2].c`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+fn steps(path: &str) -> Vec<Step> {
+    let mut out = Vec::new();
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let mut rest = part;
+        if let Some(open) = rest.find('[') {
+            out.push(Step::Key(rest[..open].to_string()));
+            rest = &rest[open..];
+            while let Some(close) = rest.find(']') {
+                if let Ok(i) = rest[1..close].parse() {
+                    out.push(Step::Index(i));
+                }
+                rest = &rest[close + 1..];
+            }
+        } else {
+            out.push(Step::Key(rest.to_string()));
+        }
+    }
+    out
+}
+
+/// Removes the value at `path`; false when there is none.
+fn remove_at(value: &mut Value, path: &[Step]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut at = value;
+    for step in parents {
+        let next = match (step, at) {
+            (Step::Key(k), Value::Object(m)) => m.get_mut(k),
+            (Step::Index(i), Value::Array(a)) => a.get_mut(*i),
+            _ => None,
+        };
+        match next {
+            Some(v) => at = v,
+            None => return false,
+        }
+    }
+    match (last, at) {
+        (Step::Key(k), Value::Object(m)) => m.remove(k).is_some(),
+        (Step::Index(i), Value::Array(a)) if *i < a.len() => {
+            a.remove(*i);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A stand-in for a required top-level field, so the rest of a draft is still reviewed.
+fn stand_in(field: &str, file: &str) -> Option<(Value, String)> {
+    match field {
+        "name" => {
+            let stem = std::path::Path::new(file)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("draft")
+                .trim_end_matches(".yaml");
+            let name: String = stem
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let name = if name.is_empty() {
+                "draft".to_string()
+            } else {
+                name
+            };
+            let note = format!("reviewed as `{name}`");
+            Some((Value::String(name), note))
+        }
+        // The strictest class: every key, fingerprint and receipt rule applies.
+        "effect_class" => Some((
+            Value::String("key_based".into()),
+            "reviewed as key_based, the class every rule applies to".into(),
+        )),
+        _ => None,
+    }
+}
+
+impl ContractFile {
+    /// Reads a draft as far as it goes, for the linter: where the strict reading stops at a
+    /// field (unknown, of the wrong type, or a required one missing), that field is recorded
+    /// as a problem and left out — or, for `name` and `effect_class`, stood in for — and the
+    /// reading goes on, so one mistake does not hide the rest of the review. Only text that
+    /// is not YAML at all, or not a mapping, is refused whole.
+    pub fn parse_draft(text: &str, file: &str) -> Result<Draft, LoadError> {
+        let first = match ContractFile::parse(text, file) {
+            Ok(file) => {
+                return Ok(Draft {
+                    file,
+                    problems: Vec::new(),
+                });
+            }
+            Err(e) => e,
+        };
+        let mut value: Value = match yaml_serde::from_str(text) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return Err(first),
+        };
+        let mut problems = Vec::new();
+        // Each round removes or stands in for one field, so a draft has at most as many rounds
+        // as it has fields; the bound only guards against a reader that would not converge.
+        for _ in 0..256 {
+            let yaml = yaml_serde::to_string(&value).map_err(|_| first.clone())?;
+            let error = match yaml_serde::from_str::<ContractFile>(&yaml) {
+                Ok(file) => {
+                    // In the order they are written, not the order the reader met them.
+                    problems.sort_by_key(|p: &LoadError| p.line.unwrap_or(usize::MAX));
+                    return Ok(Draft { file, problems });
+                }
+                Err(e) => e.to_string(),
+            };
+            let error = match error.rfind(" at line ") {
+                Some(cut) => error[..cut].to_string(),
+                None => error,
+            };
+            let (path, message) = match error.split_once(": ") {
+                Some((path, rest)) if !path.contains(' ') => (path.to_string(), rest.to_string()),
+                _ => (String::new(), error),
+            };
+            let named = message.split('`').nth(1).unwrap_or("").to_string();
+            let join = |parent: &str, child: &str| {
+                if parent.is_empty() {
+                    child.to_string()
+                } else {
+                    format!("{parent}.{child}")
+                }
+            };
+            let (field, note) = if message.starts_with("unknown field") {
+                let field = join(&path, &named);
+                if !remove_at(&mut value, &steps(&field)) {
+                    return Err(first);
+                }
+                (field, "reviewed without it".to_string())
+            } else if message.starts_with("missing field") {
+                let field = join(&path, &named);
+                match (path.is_empty(), stand_in(&named, file)) {
+                    (true, Some((stand_in, note))) => {
+                        if let Value::Object(m) = &mut value {
+                            m.insert(named.clone(), stand_in);
+                        }
+                        (field, note)
+                    }
+                    (false, _) if remove_at(&mut value, &steps(&path)) => {
+                        let note = format!("reviewed as if `{path}` were not written");
+                        (field, note)
+                    }
+                    _ => return Err(first),
+                }
+            } else if let Some((stand_in, note)) = stand_in(&path, file) {
+                if let Value::Object(m) = &mut value {
+                    m.insert(path.clone(), stand_in);
+                }
+                (path, note)
+            } else {
+                if path.is_empty() || !remove_at(&mut value, &steps(&path)) {
+                    return Err(first);
+                }
+                (path, "reviewed as if it were not written".to_string())
+            };
+            // A missing field is not written anywhere: point at the block that lacks it.
+            let line = line_of(text, &field).or_else(|| {
+                field
+                    .rsplit_once('.')
+                    .and_then(|(parent, _)| line_of(text, parent))
+            });
+            problems.push(LoadError {
+                file: file.to_string(),
+                line,
+                column: None,
+                field: Some(field),
+                message: format!("{message}; {note}"),
+            });
+        }
+        Err(first)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The loaded, checked form.
 

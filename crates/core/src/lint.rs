@@ -1,5 +1,7 @@
 //! The seed's review worksheet as a linter: each red flag with its reason and the field it
 //! concerns. Works on the file form, so a contract that would not load is still reviewed.
+//! [`decide`] ends a review with the seed's decision: `automate`, `automate with approval`, or
+//! `keep manual until reconciliation exists`, and why.
 
 use serde::Serialize;
 
@@ -20,6 +22,30 @@ pub struct Finding {
     pub field: String,
     pub reason: String,
 }
+
+/// Every rule the linter raises, in the order it checks them; `docs/contracts.md` lists each.
+pub const RULES: &[&str] = &[
+    "no-version",
+    "no-purpose",
+    "no-do-not-use-when",
+    "non-idempotent-exposed",
+    "key-without-tenant",
+    "key-without-step",
+    "key-supplier-unstated",
+    "key-not-from-application",
+    "no-receipt-path",
+    "no-reconciliation-owner",
+    "no-material-fields",
+    "fingerprint-over-everything",
+    "transport-field-in-fingerprint",
+    "irreversible-without-approval",
+    "no-authorization-recheck",
+    "no-version-precondition",
+    "no-retention",
+    "retention-shorter-than-retry-window",
+    "record-shorter-than-retry-window",
+    "no-next-review",
+];
 
 /// Argument names that describe the transport or the attempt, not the operation.
 const TRANSPORT_FIELDS: &[&str] = &[
@@ -52,7 +78,8 @@ fn is_transport(field: &str) -> bool {
 /// Reviews one contract file.
 pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     let mut out = Vec::new();
-    let mut flag = |level, rule, field: &str, reason: String| {
+    let mut flag = |level, rule: &'static str, field: &str, reason: String| {
+        debug_assert!(RULES.contains(&rule), "{rule} is not in RULES");
         out.push(Finding {
             level,
             rule,
@@ -105,6 +132,14 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
         if !scope.iter().any(|s| s == "workflow_id" || s == "step_id") {
             flag(Warning, "key-without-step", "operation_key.scope",
                 "the key scope names no workflow or step: a retry of one step cannot be told from a new step".into());
+        }
+        if cf.operation_key.supplied_by.is_none() {
+            flag(
+                Error,
+                "key-supplier-unstated",
+                "operation_key.supplied_by",
+                "the contract does not say who supplies the key; write `supplied_by: application` (the workflow step names it, never the model)".into(),
+            );
         }
         if let Some(by) = &cf.operation_key.supplied_by
             && by != "application"
@@ -226,4 +261,219 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.level));
     out
+}
+
+/// The seed's closing decision of a tool review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Decision {
+    #[serde(rename = "automate")]
+    Automate,
+    #[serde(rename = "automate with approval")]
+    AutomateWithApproval,
+    #[serde(rename = "keep manual until reconciliation exists")]
+    KeepManual,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Automate => "automate",
+            Decision::AutomateWithApproval => "automate with approval",
+            Decision::KeepManual => "keep manual until reconciliation exists",
+        }
+    }
+}
+
+/// A decision and its reason, one line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub decision: Decision,
+    pub reason: String,
+}
+
+/// Errors that concern the effect boundary itself, named first in a reason: without them
+/// fixed, a lost answer cannot be settled.
+const BOUNDARY: &[&str] = &[
+    "non-idempotent-exposed",
+    "no-receipt-path",
+    "no-reconciliation-owner",
+    "key-not-from-application",
+    "key-supplier-unstated",
+    "key-without-tenant",
+];
+
+/// Decides from the effect boundary, never from how reliable the model seems. `errors` are the
+/// rules of every error the review found (the linter's, and the parser's or loader's); `cf` is
+/// the contract as reviewed, absent when the file could not be read at all.
+///
+/// Any error keeps the tool manual: the gateway would refuse to load it, or its effect cannot
+/// be settled after a lost answer. Otherwise an irreversible tool, or one whose operations
+/// wait for an operator, is automated with approval; the rest are automated.
+pub fn decide(cf: Option<&ContractFile>, errors: &[&str]) -> Verdict {
+    let Some(cf) = cf else {
+        return Verdict {
+            decision: Decision::KeepManual,
+            reason:
+                "the file cannot be reviewed at all, so nothing shows where the effect boundary is"
+                    .into(),
+        };
+    };
+    if !errors.is_empty() {
+        let mut named: Vec<&str> = BOUNDARY
+            .iter()
+            .copied()
+            .filter(|r| errors.contains(r))
+            .collect();
+        for rule in errors {
+            if !named.contains(rule) {
+                named.push(rule);
+            }
+        }
+        let shown = if named.len() > 4 {
+            format!("{}, and {} more", named[..4].join(", "), named.len() - 4)
+        } else {
+            named.join(", ")
+        };
+        let why = if named.iter().any(|r| BOUNDARY.contains(r)) {
+            "a lost answer could not be settled, or the key cannot be trusted"
+        } else if named
+            .iter()
+            .any(|r| matches!(*r, "parse" | "load" | "read"))
+        {
+            "the gateway would refuse the contract as written"
+        } else {
+            "retries would not be handled safely as written"
+        };
+        let n = errors.len();
+        return Verdict {
+            decision: Decision::KeepManual,
+            reason: format!(
+                "{n} {} to fix first ({shown}): {why}",
+                if n == 1 { "error" } else { "errors" }
+            ),
+        };
+    }
+    let dl = &cf.downstream;
+    let settles = match (dl.deduplicates_by_key, dl.receipt_lookup) {
+        (true, true) => "the downstream deduplicates on the key and offers a receipt lookup",
+        (true, false) => "the downstream deduplicates on the key",
+        (false, true) => "a receipt lookup settles a lost answer",
+        (false, false) => "nothing settles a lost answer",
+    };
+    let owner = cf.owner.reconciliation.as_deref().unwrap_or("nobody");
+    match (cf.effect_class, cf.security.approval) {
+        (EffectClass::Read, _) => Verdict {
+            decision: Decision::Automate,
+            reason: "read: there is no effect to repeat".into(),
+        },
+        (EffectClass::Irreversible, _) | (_, ApprovalRule::Always) => Verdict {
+            decision: Decision::AutomateWithApproval,
+            reason: format!(
+                "{}: an operator approves every operation before its effect; {settles}; unknown outcomes go to {owner}",
+                cf.effect_class.as_str()
+            ),
+        },
+        (_, ApprovalRule::WhenMatches) => {
+            let fields: Vec<&str> = cf.security.approval_when.keys().map(String::as_str).collect();
+            Verdict {
+                decision: Decision::AutomateWithApproval,
+                reason: format!(
+                    "operations matching approval_when ({}) wait for an operator, the rest run unattended; {settles}; unknown outcomes go to {owner}",
+                    fields.join(", ")
+                ),
+            }
+        }
+        (EffectClass::NaturalIdempotent, _) => Verdict {
+            decision: Decision::Automate,
+            reason: match &dl.version_precondition {
+                Some(field) => format!(
+                    "natural_idempotent: a repeat sets the same value, and `{field}` stops it overwriting a newer change"
+                ),
+                None => "natural_idempotent: a repeat sets the same value (without a version precondition: see the warning)".into(),
+            },
+        },
+        (EffectClass::KeyBased | EffectClass::NonIdempotent, _) => Verdict {
+            decision: Decision::Automate,
+            reason: format!(
+                "key_based: one effect per operation key; {settles}; unknown outcomes go to {owner}"
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> ContractFile {
+        ContractFile::parse(text, "t.yaml").unwrap()
+    }
+
+    const KEYED: &str = "name: t\nversion: \"1\"\neffect_class: key_based\noperation_key:\n  scope: [tenant, workflow_id]\ndownstream:\n  deduplicates_by_key: true\nrequest_fingerprint:\n  fields: [a]\nretention:\n  record_ttl: 1d\n  tombstone_ttl: 1d\n  max_retry_window: 1d\nowner:\n  reconciliation: ops\n  next_review: \"2027-01-01\"\n";
+
+    #[test]
+    fn an_unstated_key_supplier_is_an_error() {
+        let rules: Vec<&str> = lint(&file(KEYED)).iter().map(|f| f.rule).collect();
+        assert!(rules.contains(&"key-supplier-unstated"), "{rules:?}");
+        let stated = KEYED.replace("  scope:", "  supplied_by: application\n  scope:");
+        let rules: Vec<&str> = lint(&file(&stated)).iter().map(|f| f.rule).collect();
+        assert!(!rules.contains(&"key-supplier-unstated"), "{rules:?}");
+    }
+
+    #[test]
+    fn decisions() {
+        let stated = KEYED.replace("  scope:", "  supplied_by: application\n  scope:");
+        let check = |text: &str, errors: &[&str], decision: Decision, fragment: &str| {
+            let v = decide(Some(&file(text)), errors);
+            assert_eq!(v.decision, decision, "{v:?}");
+            assert!(v.reason.contains(fragment), "{v:?}");
+            assert!(!v.reason.contains('\n'), "one line: {v:?}");
+        };
+        check(&stated, &[], Decision::Automate, "deduplicates on the key");
+        check(
+            &stated,
+            &["no-version", "no-receipt-path"],
+            Decision::KeepManual,
+            "2 errors to fix first (no-receipt-path, no-version)",
+        );
+        check(
+            &stated,
+            &["no-version", "load"],
+            Decision::KeepManual,
+            "the gateway would refuse",
+        );
+        check(
+            &stated,
+            &["fingerprint-over-everything"],
+            Decision::KeepManual,
+            "1 error to fix first (fingerprint-over-everything): retries would not",
+        );
+        check(
+            &stated.replace("key_based", "irreversible"),
+            &[],
+            Decision::AutomateWithApproval,
+            "an operator approves every operation",
+        );
+        check(
+            &format!("{stated}security:\n  approval: when_matches\n  approval_when:\n    a: [x]\n"),
+            &[],
+            Decision::AutomateWithApproval,
+            "approval_when (a)",
+        );
+        check(
+            "name: r\nversion: \"1\"\neffect_class: read\n",
+            &[],
+            Decision::Automate,
+            "no effect",
+        );
+        let v = decide(None, &["read"]);
+        assert_eq!(v.decision, Decision::KeepManual);
+        let many = ["a", "b", "c", "d", "e", "f"];
+        let v = decide(Some(&file(&stated)), &many);
+        assert!(
+            v.reason
+                .contains("6 errors to fix first (a, b, c, d, and 2 more)"),
+            "{v:?}"
+        );
+    }
 }

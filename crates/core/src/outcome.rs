@@ -321,6 +321,46 @@ impl Outcome {
 mod tests {
     use super::*;
 
+    /// Exhaustive on purpose: a new code must get a place here, and then the test below fails
+    /// until `ALL_CODES` (which the OpenAPI enum, the problem pages and `parse` read) lists it.
+    fn ordinal(code: ErrorCode) -> usize {
+        match code {
+            ErrorCode::InvalidArguments => 0,
+            ErrorCode::MissingOperationKey => 1,
+            ErrorCode::InvalidOperationKey => 2,
+            ErrorCode::IdempotencyKeyReusedWithDifferentRequest => 3,
+            ErrorCode::PossibleDuplicateIntent => 4,
+            ErrorCode::Unauthorized => 5,
+            ErrorCode::Forbidden => 6,
+            ErrorCode::AuthorizationUnavailable => 7,
+            ErrorCode::ApprovalDenied => 8,
+            ErrorCode::ApprovalExpired => 9,
+            ErrorCode::ExpiredOperation => 10,
+            ErrorCode::DownstreamRejected => 11,
+            ErrorCode::DownstreamUnavailable => 12,
+            ErrorCode::PreconditionFailed => 13,
+            ErrorCode::OutcomeUnknown => 14,
+            ErrorCode::StoreUnavailable => 15,
+            ErrorCode::EffectClassRefused => 16,
+            ErrorCode::UnknownTool => 17,
+            ErrorCode::NotFound => 18,
+            ErrorCode::Conflict => 19,
+            ErrorCode::InternalError => 20,
+        }
+    }
+
+    #[test]
+    fn all_codes_lists_every_code_once() {
+        let mut seen = [false; 21];
+        for &code in ALL_CODES {
+            assert!(!seen[ordinal(code)], "{} listed twice", code.as_str());
+            seen[ordinal(code)] = true;
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+        }
+        assert!(seen.iter().all(|s| *s), "ALL_CODES misses a code");
+        assert_eq!(ALL_CODES.len(), seen.len());
+    }
+
     #[test]
     fn shape_has_every_field() {
         let key = OperationKey::parse("acme:prod:run_827:step_03").unwrap();

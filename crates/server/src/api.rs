@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idemgate_core::Fingerprint;
@@ -39,7 +39,7 @@ pub struct InvokeRequest {
     pub workflow_id: Option<String>,
     pub step_id: Option<String>,
     /// The tool's arguments, checked against its contract's input schema.
-    #[schema(value_type = Object)]
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub arguments: Value,
 }
 
@@ -47,7 +47,8 @@ pub struct InvokeRequest {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ReceiptView {
     pub reference: String,
-    #[schema(value_type = Object)]
+    /// Any JSON value: what the contract's result pointer selects from the downstream's answer.
+    #[schema(value_type = Value)]
     pub result: Value,
 }
 
@@ -55,6 +56,7 @@ pub struct ReceiptView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventView {
     /// `proposed`, `validated`, `claimed`, `sent`, `committed`, `acknowledged`, `replayed`, …
+    #[schema(value_type = crate::openapi::EventKindName)]
     pub kind: String,
     /// Milliseconds since the Unix epoch.
     pub at: i64,
@@ -70,6 +72,7 @@ pub struct OperationSummary {
     pub tool: String,
     pub tool_version: String,
     /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown`, `tombstone`.
+    #[schema(value_type = crate::openapi::RecordStatusName)]
     pub record_status: String,
     pub fingerprint: String,
     /// The fencing token: grows on every takeover.
@@ -106,6 +109,7 @@ pub struct OperationList {
 pub struct ListQuery {
     /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown` (the
     /// reconciliation queue) or `tombstone`.
+    #[param(value_type = Option<crate::openapi::RecordStatusName>)]
     pub status: Option<String>,
     pub tool: Option<String>,
     /// Only keys after this one (keyset pagination).
@@ -114,20 +118,65 @@ pub struct ListQuery {
     pub limit: Option<usize>,
 }
 
-/// An operator's reconciliation of an `unknown` operation. With no body, the receipt is
-/// looked up now.
-#[derive(Debug, Deserialize, ToSchema)]
+/// An operator's reconciliation of an `unknown` operation, as read. With no body, the receipt
+/// is looked up now. [`ReconcileBody`] documents the same shape for the OpenAPI document.
+#[derive(Debug, Deserialize)]
 #[serde(tag = "resolution", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ReconcileRequest {
     /// The effect happened: its reference and the result to replay.
     Applied {
         effect_reference: String,
         #[serde(default)]
-        #[schema(value_type = Option<Object>)]
         result: Value,
     },
     /// The effect did not happen: the key may run again.
     NotApplied,
+}
+
+/// An operator's resolution of an `unknown` operation, told apart by `resolution`. With no
+/// body at all, the receipt is looked up now.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(discriminator(property_name = "resolution", mapping(
+    ("applied" = "#/components/schemas/ReconcileApplied"),
+    ("not_applied" = "#/components/schemas/ReconcileNotApplied"),
+)))]
+pub enum ReconcileBody {
+    Applied(ReconcileApplied),
+    NotApplied(ReconcileNotApplied),
+}
+
+/// `resolution: applied`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolutionApplied {
+    Applied,
+}
+
+/// `resolution: not_applied`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolutionNotApplied {
+    NotApplied,
+}
+
+/// The effect happened: its reference in the system of record, and the result later
+/// deliveries replay.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReconcileApplied {
+    pub resolution: ResolutionApplied,
+    /// The downstream's reference of the effect (a ticket id, a provider request id).
+    pub effect_reference: String,
+    /// The replay-safe result, any JSON value; left out, it is null.
+    #[schema(value_type = Value)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// The effect did not happen: the key may run again.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReconcileNotApplied {
+    pub resolution: ResolutionNotApplied,
 }
 
 /// Binds an approval to the exact call: the fingerprint the operator reviewed.
@@ -186,7 +235,7 @@ pub struct ToolView {
     pub operation_identity: OperationIdentity,
     pub approval: ApprovalView,
     /// The JSON Schema of `arguments`.
-    #[schema(value_type = Object)]
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub input_schema: Value,
 }
 
@@ -203,6 +252,24 @@ pub struct Health {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
+
+/// The one path parameter of a route, percent-decoded. A segment that does not decode (not
+/// UTF-8) is refused as a problem like every other bad input, not axum's plain-text answer.
+pub struct Segment(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Segment, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(segment)) => Ok(Segment(segment)),
+            Err(e) => Err(invalid(format!("the path: {}", e.body_text()))),
+        }
+    }
+}
 
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiError> {
     state
@@ -427,7 +494,7 @@ pub async fn list_tools(
 )]
 pub async fn get_tool(
     State(state): State<AppState>,
-    Path(tool): Path<String>,
+    Segment(tool): Segment,
     headers: HeaderMap,
 ) -> Result<axum::Json<ToolView>, ApiError> {
     authenticate(&state, &headers)?;
@@ -465,7 +532,7 @@ pub async fn get_tool(
 )]
 pub async fn invoke(
     State(state): State<AppState>,
-    Path(tool): Path<String>,
+    Segment(tool): Segment,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Answer, ApiError> {
@@ -579,7 +646,7 @@ fn step_of(members: &mut Map<String, Value>, max: usize) -> Result<Option<StepKe
 )]
 pub async fn get_operation(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Segment(key): Segment,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let principal = authenticate(&state, &headers)?;
@@ -688,7 +755,7 @@ pub async fn list_operations(
     path = "/v1/operations/{operation_key}/reconcile",
     tag = TAG,
     params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
-    request_body(content = Option<ReconcileRequest>, content_type = "application/json"),
+    request_body(content = ReconcileBody, content_type = "application/json", description = "Optional: without a body, the receipt is looked up now."),
     responses(
         (status = 200, description = "settled as applied (replayed from now on)", body = OutcomeView),
         (status = 202, description = "still unknown (no receipt yet)", body = OutcomeView),
@@ -704,7 +771,7 @@ pub async fn list_operations(
 )]
 pub async fn reconcile(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Segment(key): Segment,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Answer, ApiError> {
@@ -749,7 +816,7 @@ pub async fn reconcile(
     path = "/v1/operations/{operation_key}/approve",
     tag = TAG,
     params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
-    request_body(content = Option<ApproveRequest>, content_type = "application/json"),
+    request_body(content = ApproveRequest, content_type = "application/json", description = "Optional."),
     responses(
         (status = 200, description = "approved and applied", body = OutcomeView),
         (status = 202, description = "approved; the outcome is unknown", body = OutcomeView),
@@ -765,7 +832,7 @@ pub async fn reconcile(
 )]
 pub async fn approve(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Segment(key): Segment,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Answer, ApiError> {
@@ -803,7 +870,7 @@ pub async fn approve(
     path = "/v1/operations/{operation_key}/deny",
     tag = TAG,
     params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
-    request_body(content = Option<DenyRequest>, content_type = "application/json"),
+    request_body(content = DenyRequest, content_type = "application/json", description = "Optional."),
     responses(
         (status = 403, description = "denied (the refusal, as every later delivery sees it), or not an operator", body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "invalid body", body = Problem, content_type = "application/problem+json"),
@@ -816,7 +883,7 @@ pub async fn approve(
 )]
 pub async fn deny(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Segment(key): Segment,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Answer, ApiError> {
@@ -883,4 +950,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 /// Unknown paths answer a problem, like every other refusal.
 pub async fn fallback() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such resource")
+}
+
+/// A known path with a method it does not serve: a problem too, 405.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        "this resource does not answer that method; /openapi.json lists the methods",
+    )
+    .with_status(StatusCode::METHOD_NOT_ALLOWED)
 }

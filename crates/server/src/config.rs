@@ -24,6 +24,11 @@ pub const DEFAULT_CONTRACTS: &str = "contracts/*.yaml";
 pub struct Config {
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// Where callers reach this gateway (`https://gateway.example`), the start of every
+    /// problem's `type` URI (`<public_url>/problems/<code>`). Unset: `http://<listen>`, or a
+    /// relative `/problems/<code>` when `listen` is every address (`0.0.0.0`, `[::]`).
+    #[serde(default)]
+    pub public_url: Option<String>,
     /// The environment part of every operation key (`tenant:environment:workflow:step`).
     #[serde(default = "default_environment")]
     pub environment: String,
@@ -190,6 +195,7 @@ impl Config {
     pub fn development() -> Config {
         Config {
             listen: default_listen(),
+            public_url: None,
             environment: default_environment(),
             store: default_store(),
             contracts: default_contracts(),
@@ -255,6 +261,13 @@ impl Config {
         Ok(config)
     }
 
+    /// The configured base of problem type URIs, if any (checked when the file was read).
+    pub fn public_url(&self) -> Option<crate::problems::ProblemBase> {
+        self.public_url
+            .as_deref()
+            .and_then(|url| crate::problems::ProblemBase::parse(url).ok())
+    }
+
     fn check(&self, text: &str, file: &str) -> Result<(), Error> {
         let err = |field: &str, message: String| Error {
             file: file.to_string(),
@@ -271,6 +284,9 @@ impl Config {
                 "must be printable ASCII without spaces or `:` (it is part of every operation key)"
                     .into(),
             ));
+        }
+        if let Some(url) = &self.public_url {
+            crate::problems::ProblemBase::parse(url).map_err(|m| err("public_url", m))?;
         }
         if self.contracts.is_empty() {
             return Err(err(
@@ -386,7 +402,14 @@ mod tests {
         check(
             "listen = \"127.0.0.1:0\"\nlisten_on = 1\n",
             Err(
-                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `executor`, `mcp`, `tenants`",
+                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `public_url`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `executor`, `mcp`, `tenants`",
+            ),
+        );
+        check("public_url = \"https://gateway.example/\"\n", Ok(()));
+        check(
+            "listen = \"127.0.0.1:0\"\npublic_url = \"gateway.example\"\n",
+            Err(
+                "gate.toml:2: field `public_url`: \"gateway.example\" must start with http:// or https://",
             ),
         );
         check(

@@ -2,9 +2,9 @@
 //!
 //! Reading order:
 //!
-//! - [`config::Config`] — the TOML configuration (listen address, environment, store URL,
-//!   contracts, tenants and token hashes, limits, recovery intervals), or the development
-//!   defaults.
+//! - [`config::Config`] — the TOML configuration (listen address, public URL, environment,
+//!   store URL, contracts, tenants and token hashes, limits, recovery intervals), or the
+//!   development defaults.
 //! - [`auth::Tokens`] — bearer tokens by SHA-256, compared in constant time, each mapping to a
 //!   tenant, a holder and a [`auth::Role`].
 //! - [`tools::ToolSet`] — the loaded contracts, each with its `Downstream` and authorization
@@ -12,7 +12,10 @@
 //! - [`state::Gateway`] builds the [`state::AppState`]: the executor over a metered store.
 //! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
 //! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
-//!   RFC 9457 problems.
+//!   RFC 9457 problems; [`problems`] — one entry per error code, written once: the page each
+//!   problem's `type` names (`/problems/{code}`) and `docs/errors.md`.
+//! - [`openapi`] — the document's enums from the core's own lists and the answer headers,
+//!   declared by one rule on every response that carries them.
 //! - [`mcp`] — the MCP face over the same state: `/mcp` (streamable HTTP, the same bearer
 //!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
@@ -29,6 +32,8 @@ pub mod console;
 pub mod headers;
 pub mod mcp;
 pub mod metrics;
+pub mod openapi;
+pub mod problems;
 pub mod sandbox;
 pub mod serve;
 pub mod state;
@@ -39,7 +44,6 @@ use std::future::Future;
 
 use axum::Router;
 use axum::routing::get;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -47,32 +51,9 @@ use utoipa_axum::routes;
 pub use serve::{ServeArgs, serve};
 pub use state::{AppState, Gateway};
 
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "idemgate",
-        description = "Makes side-effecting tools safe to retry for AI agents: one effect per operation key, a kept receipt, and a labelled outcome (applied, replayed, in_flight, rejected, unknown).",
-    ),
-    modifiers(&Bearer),
-    tags((name = api::TAG, description = "API v1"))
-)]
-struct ApiDoc;
-
-struct Bearer;
-
-impl Modify for Bearer {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
 /// The API's routes and the OpenAPI document generated from them.
 fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(api::list_tools))
         .routes(routes!(api::get_tool))
         .routes(routes!(api::invoke))
@@ -83,7 +64,11 @@ fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::deny))
         .routes(routes!(api::healthz))
         .routes(routes!(api::metrics))
-        .split_for_parts()
+        .routes(routes!(problems::index))
+        .routes(routes!(problems::page))
+        .split_for_parts();
+    openapi::AnswerHeaders.modify(&mut doc);
+    (routes, doc)
 }
 
 /// The OpenAPI 3.1 document of API v1.
@@ -91,14 +76,24 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api().1
 }
 
-/// The gateway's router: API v1, `/openapi.json`, `/console`, and the MCP face at `/mcp`.
+/// The gateway's router: API v1, `/openapi.json`, `/problems`, `/console`, and the MCP face
+/// at `/mcp`. Problem types start with the configured public URL, else they are relative (a
+/// router has no address of its own).
 pub fn router(state: AppState) -> Router {
-    app(state).0
+    let base = state
+        .inner()
+        .problem_base
+        .clone()
+        .unwrap_or_else(problems::ProblemBase::relative);
+    app(state, base).0
 }
 
 /// The router and the MCP service mounted in it (absent when the tools cannot be MCP tools;
 /// `serve` refuses to start then), whose streams end on shutdown.
-fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
+fn app(
+    state: AppState,
+    base: problems::ProblemBase,
+) -> (Router, Option<idemgate_mcp::McpHttpService>) {
     let mcp = match mcp::service(&state) {
         Ok(service) => Some(service),
         Err(e) => {
@@ -124,12 +119,20 @@ fn app(state: AppState) -> (Router, Option<idemgate_mcp::McpHttpService>) {
         )
         .route("/console", get(console::page))
         .fallback(api::fallback)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state);
     // The MCP endpoint is JSON-RPC, not a REST resource: it is not in the OpenAPI document.
     let router = match &mcp {
         Some(service) => routes.nest_service("/mcp", bounded(service.clone(), body_limit)),
         None => routes,
     };
+    // Every answer rendered inside a request knows the base of its problem types.
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let base = base.clone();
+            wire::with_problem_base(base, next.run(request))
+        },
+    ));
     let router = router.layer(axum::middleware::from_fn(access::layer));
     (router, mcp)
 }
@@ -180,7 +183,15 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (router, mcp) = app(state);
+    // Without a configured public URL, the address served on names the problem pages.
+    let base = match &state.inner().problem_base {
+        Some(base) => base.clone(),
+        None => match listener.local_addr() {
+            Ok(addr) => problems::ProblemBase::for_listener(addr),
+            Err(_) => problems::ProblemBase::relative(),
+        },
+    };
+    let (router, mcp) = app(state, base);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             shutdown.await;

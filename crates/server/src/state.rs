@@ -9,6 +9,7 @@ use idemgate_engine::{Executor, Recoverer, Settings};
 use crate::auth::Tokens;
 use crate::config::Limits;
 use crate::metrics::{MeteredStore, OutcomeCounter, TimedDownstream};
+use crate::problems::ProblemBase;
 use crate::tools::{Dispatch, ToolSet};
 
 /// Everything a handler needs. Cheap to clone.
@@ -25,6 +26,8 @@ pub(crate) struct Inner {
     pub limits: Limits,
     /// Accepted `Host` values at `/mcp`.
     pub mcp_hosts: Vec<String>,
+    /// The start of problem type URIs, when configured (`public_url`).
+    pub problem_base: Option<ProblemBase>,
 }
 
 /// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
@@ -38,6 +41,7 @@ pub struct Gateway {
     limits: Limits,
     settings: Settings,
     mcp_hosts: Vec<String>,
+    problem_base: Option<ProblemBase>,
 }
 
 impl Gateway {
@@ -55,6 +59,7 @@ impl Gateway {
                     .parse()
                     .expect("the default address parses"),
             ),
+            problem_base: None,
         }
     }
 
@@ -85,6 +90,14 @@ impl Gateway {
         self
     }
 
+    /// Where this gateway is reached (`public_url`): problem types are
+    /// `<public_url>/problems/<code>`. Without it, a served gateway uses its listen address
+    /// (relative when it listens on every address) and a bare router relative references.
+    pub fn public_url(mut self, base: Option<ProblemBase>) -> Gateway {
+        self.problem_base = base;
+        self
+    }
+
     /// Wraps the store and every downstream for metrics, and builds the executor whose
     /// authorizer dispatches to each tool's hook.
     pub fn build(self) -> AppState {
@@ -107,6 +120,7 @@ impl Gateway {
                 environment: self.environment,
                 limits: self.limits,
                 mcp_hosts: self.mcp_hosts,
+                problem_base: self.problem_base,
             }),
         }
     }

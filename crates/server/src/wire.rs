@@ -9,8 +9,11 @@
 //! | rejected | `application/problem+json` (RFC 9457), status by error code (below) |
 //! | unknown | 202 |
 //!
-//! Every outcome answer carries `Idempotency-Outcome: <status>`. Internal detail (store
-//! errors, panics' context) goes to the log, never into an answer.
+//! Every answer carries `Idempotency-Outcome: <label>`, and every body the member `outcome`
+//! with the same label (`status` is the label in an outcome body, the HTTP status in a
+//! problem). A problem's `type` is `<base>/problems/<code>`, a page that explains the code
+//! ([`crate::problems`]). Internal detail (store errors, panics' context) goes to the log,
+//! never into an answer.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -22,13 +25,30 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::auth::AuthError;
+use crate::problems::{self, ProblemBase};
 
 pub const IDEMPOTENCY_OUTCOME: HeaderName = HeaderName::from_static("idempotency-outcome");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 pub const PROBLEM_JSON: &str = "application/problem+json";
-/// Problem types are URNs: stable, distinct per error code, and not a web address that could
-/// stop resolving.
-pub const PROBLEM_TYPE_PREFIX: &str = "urn:idemgate:problem:";
+
+tokio::task_local! {
+    /// The base of problem type URIs for the request being answered, set around every request
+    /// by the router ([`with_problem_base`]); relative where none is set.
+    static PROBLEM_BASE: ProblemBase;
+}
+
+/// Runs `f` (a request's handling) with `base` as the start of every problem `type` it
+/// answers.
+pub async fn with_problem_base<F: std::future::Future>(base: ProblemBase, f: F) -> F::Output {
+    PROBLEM_BASE.scope(base, f).await
+}
+
+/// The `type` of a problem with this code: `<base>/problems/<code>`, a page that explains it.
+pub fn problem_type(code: ErrorCode) -> String {
+    PROBLEM_BASE
+        .try_with(|base| base.type_of(code))
+        .unwrap_or_else(|_| ProblemBase::relative().type_of(code))
+}
 
 /// What happened to a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -52,12 +72,11 @@ pub enum NextActionView {
     InspectOperation,
 }
 
-/// A stable snake_case error code (`invalid_arguments`, `missing_operation_key`,
-/// `idempotency_key_reused_with_different_request`, `unauthorized`, `forbidden`,
-/// `approval_denied`, `expired_operation`, `downstream_rejected`, `outcome_unknown`, …) and a
-/// message that never echoes the request.
+/// A stable snake_case error code and a message that never echoes the request. Each code's
+/// page is `/problems/<code>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ErrorView {
+    #[schema(value_type = crate::openapi::ErrorCodeName)]
     pub code: String,
     pub message: String,
 }
@@ -74,16 +93,20 @@ pub struct OutcomeView {
     /// The same label as `outcome`.
     pub status: OutcomeStatus,
     /// `tenant:environment:workflow_id:step_id`.
+    #[schema(required)]
     pub operation_key: Option<String>,
     /// The downstream's receipt: ticket id, provider request id, job id.
+    #[schema(required)]
     pub effect_reference: Option<String>,
     /// May this business action be attempted again without risking a second effect?
     pub safe_to_repeat: bool,
     pub next_action: NextActionView,
+    #[schema(required)]
     pub retry_after_seconds: Option<u64>,
-    /// The replay-safe result stored with the receipt.
-    #[schema(value_type = Option<Object>)]
+    /// The replay-safe result stored with the receipt: any JSON value, null when none.
+    #[schema(value_type = Value, required)]
     pub result: Option<Value>,
+    #[schema(required)]
     pub error: Option<ErrorView>,
 }
 
@@ -91,20 +114,27 @@ pub struct OutcomeView {
 /// HTTP status (RFC 9457); the outcome's own status is `outcome` and is always `rejected`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Problem {
-    /// `urn:idemgate:problem:<error code>`.
+    /// `<base>/problems/<error code>`: a page explaining the code, what happened to the effect
+    /// and what to do. The base is the gateway's `public_url` (or its own address); without
+    /// one the reference is relative to the request.
     #[serde(rename = "type")]
     pub problem_type: String,
     pub title: String,
     pub status: u16,
     pub detail: String,
     pub outcome: OutcomeStatus,
+    #[schema(required)]
     pub operation_key: Option<String>,
+    #[schema(required)]
     pub effect_reference: Option<String>,
     pub safe_to_repeat: bool,
     pub next_action: NextActionView,
+    #[schema(required)]
     pub retry_after_seconds: Option<u64>,
-    #[schema(value_type = Option<Object>)]
+    /// Any JSON value; null in a rejection unless the operation's result is shown.
+    #[schema(value_type = Value, required)]
     pub result: Option<Value>,
+    #[schema(required)]
     pub error: Option<ErrorView>,
 }
 
@@ -179,15 +209,6 @@ pub fn outcome_status(o: &Outcome) -> StatusCode {
     }
 }
 
-fn title(code: &str) -> String {
-    let text = code.replace('_', " ");
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars).collect(),
-        None => text,
-    }
-}
-
 /// The headers every outcome answer carries.
 fn outcome_headers(o: &Outcome, headers: &mut HeaderMap) {
     headers.insert(
@@ -223,11 +244,11 @@ fn json_body(status: StatusCode, content_type: &'static str, body: &impl Seriali
 fn respond(o: &Outcome, status: Option<StatusCode>) -> Response {
     let status = status.unwrap_or_else(|| outcome_status(o));
     let mut response = if o.status == Status::Rejected {
-        let code = o.error_code().unwrap_or(ErrorCode::InternalError).as_str();
+        let code = o.error_code().unwrap_or(ErrorCode::InternalError);
         let view = OutcomeView::from(o);
         let problem = Problem {
-            problem_type: format!("{PROBLEM_TYPE_PREFIX}{code}"),
-            title: title(code),
+            problem_type: problem_type(code),
+            title: problems::title(code).to_string(),
             status: status.as_u16(),
             detail: o
                 .error
@@ -486,7 +507,7 @@ mod tests {
     fn every_code_has_its_own_problem_type() {
         let mut seen = std::collections::BTreeSet::new();
         for code in idemgate_core::outcome::ALL_CODES {
-            assert!(seen.insert(format!("{PROBLEM_TYPE_PREFIX}{}", code.as_str())));
+            assert!(seen.insert(problem_type(*code)));
             assert!(
                 rejection_status(*code).is_client_error()
                     || rejection_status(*code).is_server_error()
