@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from fake_sor import FakeSystemOfRecord, Fault
@@ -215,7 +216,9 @@ def test_mismatch_under_the_same_key_is_rejected_and_not_safe_to_repeat(
     assert mismatch.code == "idempotency_key_reused_with_different_request"
     assert mismatch.http_status == 422
     assert mismatch.safe_to_repeat is False
-    assert mismatch.problem_type == "urn:idemgate:problem:idempotency_key_reused_with_different_request"
+    assert mismatch.problem_type is not None
+    assert mismatch.problem_type.endswith("/problems/idempotency_key_reused_with_different_request")
+    assert httpx.get(mismatch.problem_type).status_code == 200, "the problem type is a page"
     assert mismatch.raw["status"] == 422 and mismatch.raw["outcome"] == "rejected"
     assert fake.effect_count(run_id) == 1
 

@@ -82,7 +82,7 @@ export interface Rejected extends OutcomeFields {
   outcome: 'rejected';
   code: ErrorCode;
   message: string;
-  /** The RFC 9457 problem type, `urn:idemgate:problem:<code>`. */
+  /** The RFC 9457 problem type, `<gateway>/problems/<code>`: a page explaining the code. */
   problemType: string | null;
 }
 
@@ -165,9 +165,8 @@ export function readOutcome(
     }
     case 'rejected': {
       const problemType = text(body.type);
-      const fromType = problemType?.startsWith('urn:idemgate:problem:')
-        ? problemType.slice('urn:idemgate:problem:'.length)
-        : null;
+      // `<gateway>/problems/<code>`: the code is the type's last path segment.
+      const fromType = problemType?.match(/\/problems\/([a-z_]+)$/)?.[1] ?? null;
       const code = error?.code ?? fromType ?? 'internal_error';
       const message = error?.message || text(body.detail) || text(body.title) || code;
       return { ...fields, outcome: 'rejected', code, message, problemType };

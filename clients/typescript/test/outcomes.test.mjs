@@ -54,7 +54,9 @@ describe('applied, replayed and a reused key', () => {
     assert.equal(other.httpStatus, 422);
     assert.equal(other.safeToRepeat, false);
     assert.equal(other.nextAction, 'inspect_operation');
-    assert.equal(other.problemType, 'urn:idemgate:problem:idempotency_key_reused_with_different_request');
+    assert.match(other.problemType ?? '', /^http:\/\/127\.0\.0\.1:\d+\/problems\/idempotency_key_reused_with_different_request$/);
+    const page = await fetch(other.problemType);
+    assert.equal(page.status, 200, 'the problem type resolves to a page on the gateway');
     assert.match(describeOutcome(other), /already performed a different request/);
 
     assert.equal(fake.effectsFor(key), 1);

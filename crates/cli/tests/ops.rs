@@ -128,6 +128,27 @@ fn expect_code(run: &support::Run, code: i32) {
 }
 
 /// The record's state as the API shows it to the acme operator.
+/// A `tickets.set_status` call the sandbox leaves `unknown` (a `sandbox-timeout…` workflow):
+/// its key, and its record as it stands.
+async fn seed_unknown(gateway: &Gateway, workflow: &str) -> (String, Value) {
+    let k = key(workflow, "close");
+    let first = invoke(
+        gateway,
+        "tickets.set_status",
+        workflow,
+        "close",
+        set_status(),
+    )
+    .await;
+    assert_eq!(
+        (first.status, first.body["outcome"].as_str()),
+        (202, Some("unknown")),
+        "{first:?}"
+    );
+    let before = record(gateway, &k).await;
+    (k, before)
+}
+
 async fn record(gateway: &Gateway, key: &str) -> Value {
     let answer = operation(gateway, OPERATOR, key).await;
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -150,20 +171,7 @@ fn in_order(text: &str, words: &[&str]) {
 async fn the_unknown_queue_is_listed_shown_resolved_and_then_replays() {
     let gateway = sandbox_gateway();
     let workflow = "sandbox-timeout-1";
-    let k = key(workflow, "close");
-    let first = invoke(
-        &gateway,
-        "tickets.set_status",
-        workflow,
-        "close",
-        set_status(),
-    )
-    .await;
-    assert_eq!(
-        (first.status, first.body["outcome"].as_str()),
-        (202, Some("unknown")),
-        "{first:?}"
-    );
+    let (k, _) = seed_unknown(&gateway, workflow).await;
 
     // The queue, for people and for scripts.
     let list = ops(&gateway, OPERATOR, &["list"]).await;
@@ -536,17 +544,7 @@ async fn an_approval_runs_the_effect_once_and_a_denial_never() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_name_what_is_wrong_and_change_nothing() {
     let mut gateway = sandbox_gateway();
-    let k = key("sandbox-timeout-9", "close");
-    let first = invoke(
-        &gateway,
-        "tickets.set_status",
-        "sandbox-timeout-9",
-        "close",
-        set_status(),
-    )
-    .await;
-    assert_eq!(first.body["outcome"], "unknown", "{first:?}");
-    let before = record(&gateway, &k).await;
+    let (k, before) = seed_unknown(&gateway, "sandbox-timeout-9").await;
 
     // Another tenant's operator: the key answers as if it did not exist.
     for args in [
@@ -764,17 +762,7 @@ fn shell_quote(text: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_applied_on_a_terminal_asks_first() {
     let gateway = sandbox_gateway();
-    let k = key("sandbox-timeout-5", "close");
-    let first = invoke(
-        &gateway,
-        "tickets.set_status",
-        "sandbox-timeout-5",
-        "close",
-        set_status(),
-    )
-    .await;
-    assert_eq!(first.body["outcome"], "unknown", "{first:?}");
-    let before = record(&gateway, &k).await;
+    let (k, before) = seed_unknown(&gateway, "sandbox-timeout-5").await;
 
     let args = ["reconcile", k.as_str(), "--not-applied"];
     let declined = tokio::task::block_in_place(|| ops_on_a_terminal(&gateway, &args, "no\n"));
