@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{Serve, header, sha256_hex};
+use common::{Serve, header};
+use idemgate_server::auth::hash_token;
 use serde_json::Value;
 
 const TOKEN: &str = "logs-test-agent-token";
@@ -12,7 +13,7 @@ const TOKEN: &str = "logs-test-agent-token";
 const SECRET: &str = "Subject-6f1d-never-logged";
 
 fn start(dir: &tempfile::TempDir, format: &str) -> Serve {
-    let hash = sha256_hex(TOKEN);
+    let hash = hash_token(TOKEN);
     let contracts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contracts/*.yaml");
     let config = format!(
         "listen = \"127.0.0.1:0\"\nenvironment = \"logs\"\nstore = \"sqlite://{}/gate.sqlite\"\n\

@@ -9,7 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{HttpServer, Received, Serve, sha256_hex};
+use common::{HttpServer, Received, Serve};
+use idemgate_server::auth::hash_token;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -112,7 +113,7 @@ fn a_delivery_is_one_trace_under_the_callers_traceparent() {
          contracts = [\"{0}/contracts/*.yaml\"]\n[[tenants]]\nname = \"t1\"\n\
          [[tenants.tokens]]\nname = \"agent\"\nsha256 = \"{1}\"\nrole = \"agent\"\n",
         dir.path().display(),
-        sha256_hex(TOKEN)
+        hash_token(TOKEN)
     );
     let endpoint = format!("http://{}", otlp.addr);
     let serve = Serve::start(

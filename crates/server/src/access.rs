@@ -134,11 +134,14 @@ pub async fn layer(request: Request, next: Next) -> Response {
     )
     .increment(1);
     if let Some(action) = operator_action(&route) {
-        let result = if response.status().is_success() || status == 202 || status == 409 {
-            "done"
-        } else {
-            "refused"
+        // Done when the answer is the action's outcome: any label but `rejected`, and for a
+        // denial the refusal it records. A 409 `conflict` (the record moved) is refused.
+        let done = match &logged {
+            Some(l) if l.outcome != "rejected" => true,
+            Some(l) => action == "deny" && l.code == Some("approval_denied"),
+            None => false,
         };
+        let result = if done { "done" } else { "refused" };
         metrics::counter!(OPERATOR_ACTIONS, "action" => action, "result" => result).increment(1);
     }
     metrics::histogram!(HTTP_SECONDS, "route" => route, "method" => method)
@@ -173,8 +176,7 @@ fn adopt_parent(span: &tracing::Span, headers: &axum::http::HeaderMap) {
 #[cfg(not(feature = "otel"))]
 fn adopt_parent(_span: &tracing::Span, _headers: &axum::http::HeaderMap) {}
 
-/// Approvals, denials and reconciliations, by route. A 202 or 409 answer to an approval is
-/// done: the approval was recorded, the effect's outcome is unknown or in flight.
+/// Approvals, denials and reconciliations, by route.
 fn operator_action(route: &str) -> Option<&'static str> {
     match route {
         "/v1/operations/{operation_key}/approve" => Some("approve"),

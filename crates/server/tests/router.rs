@@ -786,6 +786,61 @@ async fn an_approved_effect_is_counted_in_the_outcome_metrics() {
     );
 }
 
+/// Operator actions are counted by whether they were done: an approval and a denial that
+/// record their decision are `done`; acting on an operation in the wrong state is `refused`.
+#[tokio::test]
+async fn operator_actions_are_counted_done_or_refused() {
+    let e = env();
+    let count = |text: &str, action: &str, result: &str| -> u64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("idemgate_operator_actions_total")
+                    && l.contains(&format!("action=\"{action}\""))
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let metrics = || async { route(&e.app, Call::get("/metrics", OPERATOR)).await.text };
+    let before = metrics().await;
+    for step in ["a", "d"] {
+        let legal = json!({"workflow_id": "run_oa", "step_id": step, "arguments": {"queue_id": "legal", "subject": "a", "body": "x"}});
+        let waiting = route(&e.app, invoke("tickets.create", AGENT, legal)).await;
+        assert_eq!(waiting.status, 202, "{}", waiting.text);
+    }
+    let approve = |step: &str| {
+        Call::post(
+            format!("/v1/operations/acme:test:run_oa:{step}/approve"),
+            OPERATOR,
+            "",
+        )
+    };
+    let deny = |step: &str| {
+        Call::post(
+            format!("/v1/operations/acme:test:run_oa:{step}/deny"),
+            OPERATOR,
+            "",
+        )
+    };
+    assert_eq!(route(&e.app, approve("a")).await.status, 200);
+    assert_eq!(route(&e.app, deny("d")).await.status, 403);
+    // Both are settled now: the same actions again do not apply.
+    assert_eq!(route(&e.app, approve("a")).await.status, 422);
+    assert_eq!(route(&e.app, deny("a")).await.status, 422);
+    let after = metrics().await;
+    let delta =
+        |action: &str, result: &str| count(&after, action, result) - count(&before, action, result);
+    assert_eq!(delta("approve", "done"), 1);
+    assert_eq!(delta("deny", "done"), 1);
+    assert_eq!(delta("approve", "refused"), 1);
+    assert_eq!(delta("deny", "refused"), 1);
+    assert_eq!(
+        e.fakes.total_effects(),
+        1,
+        "one approved effect at the downstream"
+    );
+}
+
 /// A listing is scoped by the gateway's environment as well as the tenant.
 #[tokio::test]
 async fn listings_are_scoped_by_environment() {

@@ -120,20 +120,6 @@ pub fn header<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-/// SHA-256 in hex, as the gateway's config stores a token, by the system's `sha256sum`.
-pub fn sha256_hex(text: &str) -> String {
-    let out = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(text.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
 /// A request an [`HttpServer`] received.
 #[derive(Debug, Clone)]
 pub struct Received {
