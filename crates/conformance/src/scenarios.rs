@@ -1692,6 +1692,16 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
         matches!(live, Err(ActionError::WrongState { .. })),
         "{live:?}"
     );
+    // Nor is the receipt looked up under it: a receipt found now may be an earlier life's of the
+    // key, and settling under it would let the owner's send make a second effect.
+    let looked = h
+        .executor
+        .reconcile(&c, &key("pending"), None, "operator-7", &h.downstream)
+        .await;
+    assert!(
+        matches!(looked, Err(ActionError::WrongState { .. })),
+        "{looked:?}"
+    );
     h.expire_leases(&spec);
     let settled = h
         .executor

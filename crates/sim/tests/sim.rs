@@ -40,3 +40,30 @@ fn same_seed_same_trace() {
         }
     }
 }
+
+/// Schedules the exploration once failed on, kept as they were found (seed and store), so the
+/// fix stays. Each names the defect it found.
+#[test]
+fn found_schedules_stay_fixed() {
+    use idemgate_sim::world::StoreKind;
+    let catalog = idemgate_sim::workload::Catalog::new();
+    let found: [(u64, StoreKind, &str); 1] = [(
+        2851466356289463936,
+        StoreKind::Mem,
+        "an operator's receipt lookup settled a record under a live claim, whose owner then \
+         sent a second effect",
+    )];
+    for (seed, kind, defect) in found {
+        let run = explore::run(
+            &catalog,
+            kind,
+            idemgate_sim::choices::Choices::seeded(seed),
+            false,
+        );
+        assert!(
+            run.violation.is_none(),
+            "seed {seed} on {kind:?} ({defect}): {:?}",
+            run.violation
+        );
+    }
+}

@@ -6,7 +6,7 @@ use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::machine::{self, Prior};
 use idemgate_core::outcome::Outcome;
-use idemgate_core::record::{Dispatch, Receipt, Record, RecordState, RecordStatus};
+use idemgate_core::record::{Dispatch, Millis, Receipt, Record, RecordState, RecordStatus};
 use idemgate_core::store::{self, Cas};
 use idemgate_core::transitions;
 use serde_json::Value;
@@ -196,9 +196,25 @@ impl Executor {
                         action: "looked up",
                     });
                 }
+                // A worker holding a live lease may be about to send: a receipt found now may
+                // be an earlier life's of the same key, and settling under it would let that
+                // send make a second effect. Wait for the lease, as for `applied`.
+                if live_claim(&record, at.now) {
+                    return Err(ActionError::WrongState {
+                        key: key.clone(),
+                        status: "in flight (a worker's lease is live; it may be sending now)",
+                        action: "looked up",
+                    });
+                }
                 match effect.lookup_receipt(key).await {
                     Lookup::Found(receipt) if !receipt.reference.is_empty() => {
-                        transitions::reconciled_by_lookup(&record, contract, receipt, actor, at)
+                        transitions::from_outside(
+                            transitions::reconciled_by_lookup(
+                                &record, contract, receipt, actor, at,
+                            ),
+                            &record,
+                            at,
+                        )
                     }
                     Lookup::Found(_) | Lookup::NotFound => {
                         return Ok(machine::status_outcome(Some(contract), &record, at.now));
@@ -217,13 +233,7 @@ impl Executor {
                 // A worker holding a live lease may be sending right now: what the operator saw
                 // may not be this attempt's effect. Wait for the lease (a job's lease is only
                 // its next poll, so a job may be resolved at any time).
-                if let RecordState::Pending {
-                    lease,
-                    dispatch: Dispatch::NotSent | Dispatch::Sent,
-                } = &record.state
-                    && lease.owner.is_some()
-                    && lease.expires_at > at.now
-                {
+                if live_claim(&record, at.now) {
                     return Err(ActionError::WrongState {
                         key: key.clone(),
                         status: "in flight (a worker's lease is live; it may be sending now)",
@@ -375,4 +385,16 @@ impl Executor {
         let outcome = machine::status_outcome(contract, &record, self.now());
         Ok(Some(StatusRead::Found { record, outcome }))
     }
+}
+
+/// A worker's claim whose lease has not run out: it may be sending right now. (A job's lease is
+/// only its next poll, so a job is never held this way.)
+fn live_claim(record: &Record, now: Millis) -> bool {
+    matches!(
+        &record.state,
+        RecordState::Pending {
+            lease,
+            dispatch: Dispatch::NotSent | Dispatch::Sent,
+        } if lease.owner.is_some() && lease.expires_at > now
+    )
 }
