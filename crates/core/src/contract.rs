@@ -82,6 +82,106 @@ pub enum ApprovalRule {
     Default,
 }
 
+/// How an MCP face names the operation of a call (DESIGN §6). A server-level setting that a
+/// contract may override with its `identity` field.
+///
+/// Written `meta`, `session_window` (the default window) or `session_window:DURATION`
+/// (`session_window:90s`, `session_window:10m`), the same in a contract, the gateway's
+/// configuration and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Identity {
+    /// The agent runtime names each operation in the call's `_meta`; a key-based call without
+    /// it is rejected with `missing_operation_key`.
+    #[default]
+    Meta,
+    /// For hosts that cannot send `_meta`: the key is derived from the caller, the MCP session,
+    /// the tool and the request fingerprint, and a repeat of the same call within this window
+    /// of the operation's first call is the same operation. `_meta`, when sent, still wins.
+    SessionWindow(Span),
+}
+
+impl Identity {
+    /// The window when none is written: long enough to cover a host's retries and a model
+    /// that re-proposes a call it lost the answer of, short enough that a deliberate repeat
+    /// later in a conversation is a new operation.
+    pub const DEFAULT_WINDOW: Span = Span(600);
+
+    /// Reads `meta`, `session_window` or `session_window:DURATION`.
+    pub fn parse(text: &str) -> Result<Identity, String> {
+        let text = text.trim();
+        let (rule, window) = match text.split_once(':') {
+            Some((rule, window)) => (rule, Some(window)),
+            None => (text, None),
+        };
+        match (rule, window) {
+            ("meta", None) => Ok(Identity::Meta),
+            ("meta", Some(_)) => Err(format!(
+                "identity `{text}`: `meta` takes no window (the runtime's `_meta` names each operation)"
+            )),
+            ("session_window", None) => Ok(Identity::SessionWindow(Identity::DEFAULT_WINDOW)),
+            ("session_window", Some(window)) => {
+                let span = Span::parse(window).map_err(|e| format!("identity `{text}`: {e}"))?;
+                if span.seconds() == 0 {
+                    return Err(format!(
+                        "identity `{text}`: the window must be longer than zero"
+                    ));
+                }
+                Ok(Identity::SessionWindow(span))
+            }
+            _ => Err(format!(
+                "identity `{text}` is not one of `meta`, `session_window`, `session_window:DURATION` (e.g. session_window:10m)"
+            )),
+        }
+    }
+
+    /// The window, for `session_window`.
+    pub fn window(self) -> Option<Span> {
+        match self {
+            Identity::Meta => None,
+            Identity::SessionWindow(span) => Some(span),
+        }
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Meta => f.write_str("meta"),
+            Identity::SessionWindow(span) => write!(f, "session_window:{span}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Identity {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Identity, String> {
+        Identity::parse(text)
+    }
+}
+
+impl Serialize for Identity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Identity {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Identity, D::Error> {
+        // A visitor rather than a String first, so a contract error keeps its line and field.
+        struct IdentityVisitor;
+        impl serde::de::Visitor<'_> for IdentityVisitor {
+            type Value = Identity;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`meta`, `session_window` or `session_window:DURATION`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Identity, E> {
+                Identity::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(IdentityVisitor)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The file form.
 
@@ -226,6 +326,9 @@ pub struct ContractFile {
     pub lease_seconds: Option<u64>,
     #[serde(default)]
     pub duplicate_intent_window: Option<Span>,
+    /// How the MCP face names an operation of this tool; unset, the server's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
     #[serde(default)]
     pub owner: OwnerSpec,
 }
@@ -762,6 +865,11 @@ impl Contract {
 
     pub fn late_arrival(&self) -> LateArrival {
         self.retention.late_arrival
+    }
+
+    /// The contract's own identity rule, if it writes one (it overrides the server's).
+    pub fn identity(&self) -> Option<Identity> {
+        self.file.identity
     }
 
     pub fn duplicate_intent_window(&self) -> Option<Span> {

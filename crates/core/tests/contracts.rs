@@ -902,3 +902,46 @@ fn approval_when_judges_the_material_value() {
         assert_eq!(c.needs_approval(&args), approval, "{arguments}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The MCP identity rule.
+
+#[test]
+fn identity_is_read_from_the_contract_and_written_back_the_same() {
+    use idemgate_core::contract::Identity;
+    use idemgate_core::duration::Span;
+    let t = "tickets.create.yaml";
+    assert_eq!(load(t).identity(), None, "unset: the server's rule applies");
+    for (written, expect) in [
+        ("meta", Identity::Meta),
+        ("session_window", Identity::SessionWindow(Span(600))),
+        ("session_window:90s", Identity::SessionWindow(Span(90))),
+        ("session_window:2h", Identity::SessionWindow(Span(7200))),
+    ] {
+        let text = edit(
+            &read(t),
+            "\nowner:",
+            &format!("\nidentity: {written}\nowner:"),
+        );
+        let c = Contract::load(&text, t).unwrap_or_else(|e| panic!("{written}: {e}"));
+        assert_eq!(c.identity(), Some(expect), "{written}");
+        assert_eq!(Identity::parse(&expect.to_string()), Ok(expect));
+    }
+    check_refusal(
+        t,
+        ("\nowner:", "\nidentity: session_window:soon\nowner:"),
+        Some("identity:"),
+        Some("identity"),
+        "`soon` is not a duration",
+    );
+    check_refusal(
+        t,
+        ("\nowner:", "\nidentity: per_call\nowner:"),
+        Some("identity:"),
+        Some("identity"),
+        "not one of `meta`, `session_window`",
+    );
+    for bad in ["session_window:0s", "meta:10m", ""] {
+        assert!(Identity::parse(bad).is_err(), "{bad}");
+    }
+}
