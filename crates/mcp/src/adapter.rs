@@ -3,6 +3,7 @@
 //! [`serve_io`]) and streamable HTTP ([`streamable_http_service`]). The SDK moves fast; when
 //! it changes, this file is the one to change.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::{self, HeaderValue, Request, Response, StatusCode, header};
+use idemgate_core::contract::{Contract, Identity};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
@@ -28,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::fake::{self, FakeDownstreams};
 use crate::gateway::Gateway;
+use crate::identity::{self as derive, Principal, REPEAT_OF, Rule};
 use crate::tools::{self, Catalog, Reply, STATUS_TOOL, ToolSpec};
 
 /// What instructs a model once per connection, beside the tool descriptions.
@@ -55,6 +58,9 @@ pub enum Error {
 pub struct Options {
     /// Serve the hidden fake-downstream control tool over these fakes (demos and tests only).
     pub fakes: Option<FakeDownstreams>,
+    /// The server's identity rule for calls without `_meta` (a contract's own `identity`
+    /// wins): `meta` rejects a key-based call without it, `session_window` derives its key.
+    pub identity: Identity,
 }
 
 /// How a call learns its caller.
@@ -67,6 +73,10 @@ enum Who {
     PerRequest,
 }
 
+/// The `Mcp-Session-Id` header of a streamable-HTTP request: the MCP session, when the server
+/// keeps sessions (validated by the SDK's session manager before the handler runs).
+const SESSION_HEADER: &str = "mcp-session-id";
+
 /// The caller authenticated for one HTTP request, in the request's extensions. A wrapper type
 /// so that no other extension can be mistaken for it.
 #[derive(Clone, Debug)]
@@ -75,17 +85,22 @@ struct Authenticated(Caller);
 struct Shared {
     gateway: Arc<dyn Gateway>,
     catalog: Catalog,
+    /// The served contracts by name, for the session-window rule's fingerprint.
+    contracts: BTreeMap<String, Arc<Contract>>,
     listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
 }
 
 impl Shared {
     fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, tools::Error> {
-        let catalog = Catalog::new(&gateway.tools())?;
+        let served = gateway.tools();
+        let catalog = Catalog::with_identity(&served, options.identity)?;
         let listed = catalog.tools().map(to_tool).collect();
+        let contracts = served.into_iter().map(|c| (c.name.clone(), c)).collect();
         Ok(Shared {
             gateway,
             catalog,
+            contracts,
             listed,
             fakes: options.fakes,
         })
@@ -129,6 +144,20 @@ read a fake's own effect count, script its next answer, finish an accepted job."
 struct Handler {
     shared: Arc<Shared>,
     who: Who,
+    /// The stdio connection's own session id, made when it starts: a server process restarted
+    /// by its host is a new session.
+    session: Option<Arc<str>>,
+}
+
+/// How one call names its operation, decided before the executor sees it.
+enum Named {
+    /// `_meta` (or nothing, for a tool under the `meta` rule): the executor rejects a
+    /// key-based call without it.
+    Meta(Option<String>, Option<String>),
+    /// A derived key, with the rule that made it.
+    Derived(OperationKey, Rule),
+    /// Refused before anything was written.
+    Refused(Outcome),
 }
 
 fn to_result(reply: Reply) -> CallToolResult {
@@ -152,6 +181,132 @@ impl Handler {
                 .and_then(|parts| parts.extensions.get::<Authenticated>())
                 .map(|a| a.0.clone()),
         }
+    }
+
+    /// The MCP session of a call: the stdio connection's, or the HTTP request's
+    /// `Mcp-Session-Id` (none in stateless streamable HTTP).
+    fn session(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        if let Some(session) = &self.session {
+            return Some(session.to_string());
+        }
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.headers.get(SESSION_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+
+    /// Names the operation of a call to `contract` served under `identity`: `_meta` when it is
+    /// there, else (under `session_window`) a key derived from the caller, the session, the
+    /// tool and the fingerprint — or from `repeat_of`. Takes `repeat_of` out of `arguments`
+    /// in `session_window`, so it is never validated or fingerprinted as material.
+    async fn name(
+        &self,
+        contract: &Contract,
+        identity: Identity,
+        caller: &Caller,
+        session: Option<&str>,
+        meta: &Map<String, Value>,
+        arguments: &mut Map<String, Value>,
+    ) -> Named {
+        let repeat_of = match identity {
+            Identity::SessionWindow(_) => arguments.remove(REPEAT_OF),
+            Identity::Meta => None,
+        };
+        let (workflow_id, step_id) = match tools::operation_from_meta(Some(meta)) {
+            Err(e) => return Named::Refused(e.outcome()),
+            Ok(parts) => parts,
+        };
+        let Identity::SessionWindow(window) = identity else {
+            return Named::Meta(workflow_id, step_id);
+        };
+        // `_meta` always wins: the agent runtime named the operation.
+        if workflow_id.is_some() || step_id.is_some() {
+            return Named::Meta(workflow_id, step_id);
+        }
+        // The fingerprint is taken as the executor takes it, so invalid arguments are refused
+        // here with the executor's words and nothing is written.
+        let arguments_value = Value::Object(arguments.clone());
+        let fingerprint = match contract
+            .validate(&arguments_value)
+            .and_then(|()| contract.fingerprint(&arguments_value))
+        {
+            Ok(fp) => fp,
+            Err(e) => {
+                return Named::Refused(Outcome::rejected(
+                    None,
+                    ErrorCode::InvalidArguments,
+                    e.message,
+                ));
+            }
+        };
+        let gateway = &self.shared.gateway;
+        let environment = gateway.environment().to_string();
+        let principal = Principal {
+            tenant: &caller.tenant,
+            actor: &caller.actor,
+            session,
+        };
+        let invalid_key = |e: idemgate_core::key::Error| {
+            Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string())
+        };
+        let store_down = |e: idemgate_core::store::Error| {
+            tracing::warn!(tool = contract.name, error = %e, "session-window lookup failed");
+            Outcome::rejected(
+                None,
+                ErrorCode::StoreUnavailable,
+                "the operation store could not be read; nothing happened",
+            )
+        };
+        if let Some(value) = repeat_of {
+            let of = match derive::parse_repeat(&value) {
+                Ok(of) => of,
+                Err(refused) => {
+                    return Named::Refused(refused.outcome(&tools::tool_name(&contract.name)));
+                }
+            };
+            // The key must name an operation of this caller, in this environment, made with
+            // this tool; one refusal for every other case.
+            let record = if of.tenant() == caller.tenant && of.environment() == environment {
+                match gateway.record(&of).await {
+                    Ok(record) => record,
+                    Err(e) => return Named::Refused(store_down(e)),
+                }
+            } else {
+                None
+            };
+            if let Err(refused) =
+                derive::check_repeat(record.as_ref(), &principal, &environment, &contract.name)
+            {
+                return Named::Refused(refused.outcome(&tools::tool_name(&contract.name)));
+            }
+            return match derive::repeat(&environment, &principal, &contract.name, &fingerprint, &of)
+            {
+                Ok(key) => Named::Derived(key, Rule::RepeatOf { of, window }),
+                Err(e) => Named::Refused(invalid_key(e)),
+            };
+        }
+        let now = gateway.now();
+        let keys = match derive::windowed(
+            &environment,
+            &principal,
+            &contract.name,
+            &fingerprint,
+            window,
+            now,
+        ) {
+            Ok(keys) => keys,
+            Err(e) => return Named::Refused(invalid_key(e)),
+        };
+        // An operation first called in the previous interval, less than a window ago, is this
+        // call's; otherwise the current interval's key, claimed (or found) by the executor.
+        let key = match gateway.record(&keys.previous).await {
+            Ok(Some(previous)) if derive::within_window(&previous, window, now) => keys.previous,
+            Ok(_) => keys.current,
+            Err(e) => return Named::Refused(store_down(e)),
+        };
+        Named::Derived(key, Rule::SessionWindow { window })
     }
 
     async fn status(&self, caller: &Caller, arguments: &Map<String, Value>) -> Reply {
@@ -232,11 +387,11 @@ impl ServerHandler for Handler {
             };
             return Ok(result.into());
         }
-        let Some(contract) = self
+        let Some((contract, identity)) = self
             .shared
             .catalog
             .get(&name)
-            .and_then(|s| s.contract.clone())
+            .and_then(|s| Some((s.contract.clone()?, s.identity)))
         else {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool `{name}`"),
@@ -252,9 +407,32 @@ impl ServerHandler for Handler {
             .map(|m| &m.0.0)
             .filter(|m| m.contains_key(tools::OPERATION_META))
             .unwrap_or(&context.meta.0.0);
-        let reply = match tools::operation_from_meta(Some(meta)) {
-            Err(e) => Reply::from_outcome(&name, &e.outcome()),
-            Ok((workflow_id, step_id)) => {
+        let mut arguments = arguments;
+        let Some(loaded) = self.shared.contracts.get(&contract) else {
+            let outcome = Outcome::rejected(
+                None,
+                ErrorCode::UnknownTool,
+                format!("no tool `{name}` is served here"),
+            );
+            return Ok(to_result(Reply::from_outcome(&name, &outcome)).into());
+        };
+        let session = self.session(&context);
+        let named = self
+            .name(
+                loaded,
+                identity,
+                &caller,
+                session.as_deref(),
+                meta,
+                &mut arguments,
+            )
+            .await;
+        // Under `session_window` every answer says which rule named the operation; under
+        // `meta` the tool's description already says the application names it.
+        let windowed = identity != Identity::Meta;
+        let (outcome, rule) = match named {
+            Named::Refused(outcome) => (outcome, None),
+            Named::Meta(workflow_id, step_id) => {
                 let outcome = self
                     .shared
                     .gateway
@@ -266,10 +444,37 @@ impl ServerHandler for Handler {
                         Value::Object(arguments),
                     )
                     .await;
-                Reply::from_outcome(&name, &outcome)
+                (outcome, windowed.then_some(Rule::Meta))
+            }
+            Named::Derived(key, rule) => {
+                let outcome = self
+                    .shared
+                    .gateway
+                    .invoke(
+                        caller,
+                        &contract,
+                        Some(key.workflow_id().to_string()),
+                        Some(key.step_id().to_string()),
+                        Value::Object(arguments),
+                    )
+                    .await;
+                (outcome, Some(rule))
             }
         };
-        Ok(to_result(reply).into())
+        let mut reply = Reply::from_outcome(&name, &outcome);
+        if let Some(rule) = &rule {
+            reply.text.push(' ');
+            reply
+                .text
+                .push_str(&rule.sentence(outcome.operation_key.as_ref()));
+        }
+        let mut result = to_result(reply);
+        if let Some(rule) = rule {
+            let mut meta = Map::new();
+            meta.insert(tools::IDENTITY_META.to_string(), rule.as_json());
+            result.meta = Some(MetaObject(meta));
+        }
+        Ok(result.into())
     }
 }
 
@@ -311,6 +516,8 @@ where
     let handler = Handler {
         shared: Arc::new(Shared::new(gateway, options)?),
         who: Who::Fixed(caller),
+        // One stdio connection is one session.
+        session: Some(Arc::from(format!("stdio-{}", uuid::Uuid::now_v7()))),
     };
     let running = match handler.serve((reader, writer)).await {
         Ok(running) => running,
@@ -417,6 +624,7 @@ pub fn streamable_http_service_with(
             Ok(Handler {
                 shared: shared.clone(),
                 who: Who::PerRequest,
+                session: None,
             })
         },
         Arc::new(LocalSessionManager::default()),

@@ -56,6 +56,12 @@ pub struct McpArgs {
     /// hidden `idemgate_fake_downstream` tool that reads and scripts the fakes.
     #[arg(long)]
     pub fake_downstream: bool,
+    /// How a call without `_meta` is named: `meta` (default: a key-based call without it is
+    /// rejected) or `session_window[:DURATION]` (for hosts that cannot send `_meta`: the same
+    /// call within the window — default 10m — is one operation; `repeat_of` asks for another).
+    /// With `--config`, overrides its `[mcp] identity`.
+    #[arg(long, value_name = "RULE", env = "IDEMGATE_IDENTITY")]
+    pub identity: Option<idemgate_core::contract::Identity>,
 }
 
 /// Why `idemgate mcp` could not run.
@@ -257,7 +263,11 @@ pub async fn run(
             let _ = stop.wait_for(|s| *s).await;
         },
     ));
-    let result = adapter::serve_stdio(gateway, caller, Options { fakes }, shutdown).await;
+    let options = Options {
+        fakes,
+        identity: args.identity.unwrap_or_default(),
+    };
+    let result = adapter::serve_stdio(gateway, caller, options, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = recovering.await;
     Ok(result?)

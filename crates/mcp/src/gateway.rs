@@ -11,7 +11,8 @@ use idemgate_core::contract::Contract;
 use idemgate_core::effect::Downstream;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
-use idemgate_core::store::BoxFuture;
+use idemgate_core::record::{Millis, Record};
+use idemgate_core::store::{self, BoxFuture};
 use idemgate_engine::{Caller, Executor, Operation, StatusRead, Tools};
 use serde_json::Value;
 
@@ -43,6 +44,20 @@ pub trait Gateway: Send + Sync + 'static {
         caller: &'a Caller,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Option<Outcome>>;
+
+    /// The environment part of every operation key this gateway makes.
+    fn environment(&self) -> &str;
+
+    /// The record under `key`, read for the session-window identity rule only (its creation
+    /// time, tool and actor decide which key a call without `_meta` gets). Never handed to a
+    /// caller: what a caller sees goes through [`Gateway::status`] and its recheck.
+    fn record<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>>;
+
+    /// The executor's clock, which stamps each record's creation.
+    fn now(&self) -> Millis;
 }
 
 /// Why a [`LocalGateway`] could not be built.
@@ -132,6 +147,21 @@ fn store_down(key: &OperationKey, e: &impl std::fmt::Display) -> Outcome {
 impl Gateway for LocalGateway {
     fn tools(&self) -> Vec<Arc<Contract>> {
         self.order.clone()
+    }
+
+    fn environment(&self) -> &str {
+        &self.environment
+    }
+
+    fn record<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
+        self.executor.store().get(key)
+    }
+
+    fn now(&self) -> Millis {
+        self.executor.clock().now()
     }
 
     fn invoke<'a>(

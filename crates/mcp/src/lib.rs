@@ -23,6 +23,7 @@ pub mod adapter;
 pub mod cli;
 pub mod fake;
 pub mod gateway;
+pub mod identity;
 pub mod tools;
 
 pub use adapter::{

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idemgate_core::contract::{Contract, EffectClass};
+use idemgate_core::contract::{self, Contract, EffectClass};
 use idemgate_core::outcome::{ALL_CODES, ErrorCode, NextAction, Outcome, Status};
 use serde_json::{Map, Value, json};
 
@@ -35,6 +35,10 @@ pub const OPERATION_META: &str = "io.idemgate/operation";
 
 /// The `_meta` member on each listed tool describing the contract behind it.
 pub const CONTRACT_META: &str = "io.idemgate/contract";
+
+/// The `_meta` member on a call result naming the identity rule that made its key (under
+/// `session_window`): `{"rule": "meta" | "session_window" | "repeat_of", …}`.
+pub const IDENTITY_META: &str = "io.idemgate/identity";
 
 /// The tool that polls an operation by key.
 pub const STATUS_TOOL: &str = "idemgate_operation_status";
@@ -65,6 +69,11 @@ pub enum Error {
     },
     #[error("contract `{contract}` becomes the MCP tool `{tool}`, which idemgate reserves")]
     Reserved { tool: String, contract: String },
+    #[error(
+        "contract `{contract}` has an input property `{}`, which the session_window identity adds to the tool's schema; rename the property or set `identity: meta` on the contract",
+        crate::identity::REPEAT_OF
+    )]
+    RepeatOfTaken { contract: String },
 }
 
 /// Client hints from the effect class.
@@ -145,33 +154,58 @@ pub struct ToolSpec {
     pub output_schema: Option<Map<String, Value>>,
     pub hints: Hints,
     pub meta: Option<Map<String, Value>>,
+    /// How a call without `_meta` is named: `session_window` only for tools that need a key
+    /// and are served under that rule; `meta` otherwise.
+    pub identity: contract::Identity,
 }
 
 impl ToolSpec {
+    /// The tool of a contract under the `meta` identity rule.
     pub fn from_contract(contract: &Contract) -> ToolSpec {
-        let input_schema = match &contract.input_schema {
+        ToolSpec::from_contract_with(contract, contract::Identity::Meta)
+    }
+
+    /// The tool of a contract served with `server` as the server's identity rule (the
+    /// contract's own `identity`, when written, wins). Under `session_window` the input schema
+    /// gains the optional `repeat_of` property, and the description says what a repeat means.
+    pub fn from_contract_with(contract: &Contract, server: contract::Identity) -> ToolSpec {
+        let mut input_schema = match &contract.input_schema {
             Value::Object(schema) => schema.clone(),
             // A contract's schema is an object schema; anything else would not load. An empty
             // object schema is the honest fallback rather than a panic.
             _ => Map::from_iter([("type".to_string(), json!("object"))]),
         };
-        let meta = json!({
-            CONTRACT_META: {
-                "name": contract.name,
-                "version": contract.version,
-                "effect_class": contract.effect_class.as_str(),
-                "operation_identity": Identity::of(contract.effect_class).as_str(),
+        let needs = Identity::of(contract.effect_class);
+        let identity = match crate::identity::effective(contract.identity(), server) {
+            // Only a tool that needs a key has one derived; the others run as before.
+            windowed @ contract::Identity::SessionWindow(_) if needs == Identity::Required => {
+                windowed
             }
+            _ => contract::Identity::Meta,
+        };
+        let mut contract_meta = json!({
+            "name": contract.name,
+            "version": contract.version,
+            "effect_class": contract.effect_class.as_str(),
+            "operation_identity": needs.as_str(),
+            "identity_rule": "meta",
         });
+        if let contract::Identity::SessionWindow(window) = identity {
+            add_repeat_of(&mut input_schema);
+            contract_meta["identity_rule"] = json!("session_window");
+            contract_meta["identity_window_seconds"] = json!(window.seconds());
+        }
+        let meta = json!({ CONTRACT_META: contract_meta });
         ToolSpec {
             name: tool_name(&contract.name),
             contract: Some(contract.name.clone()),
             title: contract.name.clone(),
-            description: describe(contract),
+            description: describe_with(contract, identity),
             input_schema,
             output_schema: Some(outcome_schema()),
             hints: Hints::of(contract.effect_class),
             meta: meta.as_object().cloned(),
+            identity,
         }
     }
 
@@ -211,13 +245,39 @@ Reading a status never performs an effect."
                 open_world: false,
             },
             meta: None,
+            identity: contract::Identity::Meta,
         }
     }
 }
 
+/// The optional `repeat_of` property of a tool under `session_window`. Not material: the
+/// adapter takes it out of the arguments before they are validated and fingerprinted.
+fn add_repeat_of(schema: &mut Map<String, Value>) {
+    let property = json!({
+        "type": "string",
+        "minLength": 7,
+        "maxLength": idemgate_core::key::MAX_KEY_BYTES,
+        "description": "Leave this out, also when you retry or re-send a call. Set it only when the user \
+    wants the same thing done once more on purpose: then it is the operation_key that the earlier answer \
+    of this tool returned, and a new operation runs."
+    });
+    let properties = schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(properties) = properties {
+        properties.insert(crate::identity::REPEAT_OF.to_string(), property);
+    }
+}
+
 /// The description a model reads: what the tool is for, when not to use it, and what a repeated
-/// call returns.
+/// call returns — under the `meta` identity rule.
 pub fn describe(contract: &Contract) -> String {
+    describe_with(contract, contract::Identity::Meta)
+}
+
+/// [`describe`] for a tool served under `identity` (the effective rule: see
+/// [`ToolSpec::from_contract_with`]).
+pub fn describe_with(contract: &Contract, identity: contract::Identity) -> String {
     let file = &contract.file;
     let mut out = String::new();
     match file.purpose.as_deref().map(str::trim) {
@@ -238,8 +298,34 @@ pub fn describe(contract: &Contract) -> String {
     list(&mut out, "Use when:", &file.use_when);
     list(&mut out, "Do not use when:", &file.do_not_use_when);
     out.push_str("\n\nRetries: ");
-    out.push_str(retry_semantics(contract));
+    match identity {
+        contract::Identity::SessionWindow(window) => {
+            out.push_str(&windowed_semantics(contract, window))
+        }
+        contract::Identity::Meta => out.push_str(retry_semantics(contract)),
+    }
     out
+}
+
+/// The retry semantics of a tool whose calls are named by the session-window rule.
+fn windowed_semantics(contract: &Contract, window: idemgate_core::duration::Span) -> String {
+    let approval = if contract.effect_class == EffectClass::Irreversible {
+        "Irreversible: an operation may wait for an operator's approval (`in_flight` with \
+next_action `ask_for_approval`). "
+    } else {
+        ""
+    };
+    format!(
+        "{approval}idemgate runs each operation once. You do not name operations: a call with \
+the same arguments as one made less than {window} earlier in this session is the same operation — it \
+performs no new effect and answers `replayed` with the stored result. So re-sending or retrying a call \
+is always safe. If the user really wants the same thing done again, call with `repeat_of` set to the \
+operation_key of the earlier answer; that is a new operation. Never use `repeat_of` to retry. \
+`in_flight`: still running — do not call again; poll `idemgate_operation_status` with the \
+operation_key. `unknown`: it may have happened and cannot be proved — do not call again; an \
+operator reconciles it. `rejected`: nothing happened; read error.code. Every answer carries \
+`status`, `next_action` and `safe_to_repeat`, and says which rule named the operation."
+    )
 }
 
 fn retry_semantics(contract: &Contract) -> &'static str {
@@ -521,15 +607,35 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Maps every contract to its tool and refuses ambiguous names.
+    /// Maps every contract to its tool under the `meta` identity rule and refuses ambiguous
+    /// names.
     pub fn new(contracts: &[Arc<Contract>]) -> Result<Catalog, Error> {
+        Catalog::with_identity(contracts, contract::Identity::Meta)
+    }
+
+    /// [`Catalog::new`] with `identity` as the server's identity rule.
+    pub fn with_identity(
+        contracts: &[Arc<Contract>],
+        identity: contract::Identity,
+    ) -> Result<Catalog, Error> {
         let mut specs = BTreeMap::new();
         let mut order = Vec::new();
         let status = ToolSpec::status();
         order.push(status.name.clone());
         specs.insert(status.name.clone(), status);
         for contract in contracts {
-            let spec = ToolSpec::from_contract(contract);
+            let spec = ToolSpec::from_contract_with(contract, identity);
+            if spec.identity != contract::Identity::Meta
+                && contract
+                    .input_schema
+                    .get("properties")
+                    .and_then(|p| p.get(crate::identity::REPEAT_OF))
+                    .is_some()
+            {
+                return Err(Error::RepeatOfTaken {
+                    contract: contract.name.clone(),
+                });
+            }
             if RESERVED_TOOLS.contains(&spec.name.as_str()) {
                 return Err(Error::Reserved {
                     tool: spec.name,

@@ -126,6 +126,11 @@ pub struct McpConfig {
     /// rebinding. Unset: the loopback names and the listen address's host. An empty list
     /// accepts any host.
     pub allowed_hosts: Option<Vec<String>>,
+    /// How a call without `_meta` is named: `"meta"` (the default; a key-based call without
+    /// it is rejected) or `"session_window"` / `"session_window:DURATION"` (the key is derived
+    /// from the caller, the session, the tool and the fingerprint). A contract's `identity`
+    /// wins. `idemgate mcp --identity` overrides it for stdio.
+    pub identity: idemgate_core::contract::Identity,
 }
 
 impl McpConfig {

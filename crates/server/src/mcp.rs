@@ -16,6 +16,7 @@ use axum::http::request::Parts;
 use idemgate_core::contract::Contract;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
+use idemgate_core::record::{Millis, Record};
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::{Caller, Operation, StatusRead};
 use idemgate_mcp::Gateway as McpGateway;
@@ -84,6 +85,21 @@ impl McpGateway for AppState {
         })
     }
 
+    fn environment(&self) -> &str {
+        AppState::environment(self)
+    }
+
+    fn record<'a>(
+        &'a self,
+        key: &'a OperationKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, idemgate_core::store::Error>> {
+        self.executor().store().get(key)
+    }
+
+    fn now(&self) -> Millis {
+        self.executor().clock().now()
+    }
+
     fn status<'a>(
         &'a self,
         caller: &'a Caller,
@@ -148,17 +164,24 @@ pub fn service(
     state: &AppState,
 ) -> Result<idemgate_mcp::McpHttpService, idemgate_mcp::adapter::Error> {
     let tokens = state.inner().tokens.clone();
-    idemgate_mcp::streamable_http_service(
+    idemgate_mcp::streamable_http_service_with(
         Arc::new(state.clone()),
         move |parts: &Parts| authenticate(&tokens, parts),
-        state.inner().mcp_hosts.clone(),
+        idemgate_mcp::HttpOptions {
+            allowed_hosts: state.inner().mcp_hosts.clone(),
+            options: idemgate_mcp::Options {
+                identity: state.inner().mcp_identity,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
     )
 }
 
 /// Checks that every loaded contract maps to a distinct MCP tool name.
 pub fn check(state: &AppState) -> Result<(), String> {
     let contracts = McpGateway::tools(state);
-    idemgate_mcp::tools::Catalog::new(&contracts)
+    idemgate_mcp::tools::Catalog::with_identity(&contracts, state.inner().mcp_identity)
         .map(|_| ())
         .map_err(|e| format!("as MCP tools: {e}"))
 }
@@ -273,7 +296,10 @@ pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
     let served = idemgate_mcp::serve_stdio(
         Arc::new(state),
         caller,
-        idemgate_mcp::Options { fakes },
+        idemgate_mcp::Options {
+            fakes,
+            identity: args.identity.unwrap_or(config.mcp.identity),
+        },
         serve::shutdown_signal(),
     )
     .await;

@@ -170,6 +170,7 @@ pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result
             ..Settings::default()
         })
         .mcp_allowed_hosts(config.mcp.hosts(config.listen))
+        .mcp_identity(config.mcp.identity)
         .public_url(config.public_url())
         .build())
 }

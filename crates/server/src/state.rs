@@ -26,6 +26,8 @@ pub(crate) struct Inner {
     pub limits: Limits,
     /// Accepted `Host` values at `/mcp`.
     pub mcp_hosts: Vec<String>,
+    /// How `/mcp` names a call without `_meta` (`[mcp] identity`).
+    pub mcp_identity: idemgate_core::contract::Identity,
     /// The start of problem type URIs, when configured (`public_url`).
     pub problem_base: Option<ProblemBase>,
 }
@@ -41,6 +43,7 @@ pub struct Gateway {
     limits: Limits,
     settings: Settings,
     mcp_hosts: Vec<String>,
+    mcp_identity: idemgate_core::contract::Identity,
     problem_base: Option<ProblemBase>,
 }
 
@@ -59,6 +62,7 @@ impl Gateway {
                     .parse()
                     .expect("the default address parses"),
             ),
+            mcp_identity: Default::default(),
             problem_base: None,
         }
     }
@@ -87,6 +91,13 @@ impl Gateway {
     /// accepts any host.
     pub fn mcp_allowed_hosts(mut self, hosts: Vec<String>) -> Gateway {
         self.mcp_hosts = hosts;
+        self
+    }
+
+    /// How `/mcp` names a call without `_meta` (default `meta`: such a key-based call is
+    /// rejected); a contract's own `identity` wins.
+    pub fn mcp_identity(mut self, identity: idemgate_core::contract::Identity) -> Gateway {
+        self.mcp_identity = identity;
         self
     }
 
@@ -120,6 +131,7 @@ impl Gateway {
                 environment: self.environment,
                 limits: self.limits,
                 mcp_hosts: self.mcp_hosts,
+                mcp_identity: self.mcp_identity,
                 problem_base: self.problem_base,
             }),
         }
