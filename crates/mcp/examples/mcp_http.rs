@@ -40,6 +40,17 @@ struct Args {
     /// Accepted `Host` values; loopback names when not given.
     #[arg(long = "allowed-host")]
     allowed_hosts: Vec<String>,
+    /// How a call without `_meta` is named: `meta` or `session_window[:DURATION]`.
+    #[arg(long, default_value = "meta")]
+    identity: idemgate_core::contract::Identity,
+    /// Keep MCP sessions (`Mcp-Session-Id`): under `session_window` the session is then part
+    /// of every derived key.
+    #[arg(long)]
+    sessions: bool,
+    /// Answers a request without an `Authorization` header as this tenant, for test clients
+    /// that cannot send headers (the MCP Inspector's CLI for Node 20). Loopback tests only.
+    #[arg(long, value_name = "TENANT")]
+    anonymous_tenant: Option<String>,
 }
 
 #[tokio::main]
@@ -70,10 +81,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
 
     // The gateway's token check would go here; this one is a plain map for the test.
+    let anonymous = args.anonymous_tenant.clone();
     let auth = move |parts: &axum::http::request::Parts| -> Option<Caller> {
-        let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
-        let token = value.strip_prefix("Bearer ")?;
-        let tenant = tokens.get(token)?;
+        let tenant = match parts.headers.get(AUTHORIZATION) {
+            None => anonymous.as_ref()?,
+            Some(value) => {
+                let token = value.to_str().ok()?.strip_prefix("Bearer ")?;
+                tokens.get(token)?
+            }
+        };
         Some(Caller {
             tenant: tenant.clone(),
             actor: format!("token-of-{tenant}"),
@@ -83,8 +99,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut options = HttpOptions {
         options: Options {
             fakes: Some(fakes),
-            ..Options::default()
+            identity: args.identity,
         },
+        sessions: args.sessions,
         ..HttpOptions::default()
     };
     if !args.allowed_hosts.is_empty() {
