@@ -17,9 +17,10 @@ use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::Caller;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult, Implementation, JsonObject,
+    ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities, ServerConfig, Task,
+    TaskPayload, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -171,6 +172,46 @@ fn to_result(reply: Reply) -> CallToolResult {
     result
 }
 
+/// An operation still in flight (running, owned by another worker, a job, awaiting approval) as
+/// a task of the tasks extension: its id is the operation key, its state the durable record.
+/// `None` for an answer that is final, or that has no operation key.
+fn as_task(outcome: &Outcome, now: idemgate_core::record::Millis) -> Option<Task> {
+    if outcome.status != idemgate_core::outcome::Status::InFlight || outcome.safe_to_repeat {
+        return None;
+    }
+    let key = outcome.operation_key.as_ref()?;
+    let poll = outcome.retry_after_seconds.unwrap_or(1).max(1) * 1000;
+    let message = Reply::from_outcome(STATUS_TOOL, outcome).text;
+    Some(
+        Task::new(
+            key.as_str(),
+            rmcp::model::TaskStatus::Working,
+            iso(now),
+            iso(now),
+        )
+        .with_status_message(message)
+        .with_poll_interval_ms(poll),
+    )
+}
+
+/// The operation behind a task, as one caller may see it.
+struct TaskOperation {
+    key: OperationKey,
+    outcome: Outcome,
+    /// The MCP tool name of the record's tool.
+    tool: String,
+    created_at: idemgate_core::record::Millis,
+    updated_at: idemgate_core::record::Millis,
+}
+
+/// Milliseconds since the epoch as ISO 8601 (`2026-12-01T10:00:00.000Z`).
+fn iso(ms: idemgate_core::record::Millis) -> String {
+    match chrono::DateTime::from_timestamp_millis(ms) {
+        Some(t) => t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        None => "1970-01-01T00:00:00.000Z".to_string(),
+    }
+}
+
 impl Handler {
     fn caller(&self, context: &RequestContext<RoleServer>) -> Option<Caller> {
         match &self.who {
@@ -309,6 +350,42 @@ impl Handler {
         Named::Derived(key, Rule::SessionWindow { window })
     }
 
+    /// The operation behind a task id (its operation key), read for this caller as the status
+    /// tool reads it: another tenant's task is not found, exactly as a missing one.
+    async fn task_operation(
+        &self,
+        task_id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<TaskOperation, ErrorData> {
+        let not_found = || ErrorData::invalid_params("no such task for this caller", None);
+        let caller = self.caller(context).ok_or_else(not_found)?;
+        let key = OperationKey::parse(task_id).map_err(|_| not_found())?;
+        let outcome = self
+            .shared
+            .gateway
+            .status(&caller, &key)
+            .await
+            .ok_or_else(not_found)?;
+        // The record names its tool and times (read after the status read, which rechecked
+        // the caller).
+        let now = self.shared.gateway.now();
+        let (tool, created_at, updated_at) = match self.shared.gateway.record(&key).await {
+            Ok(Some(record)) => (
+                tools::tool_name(&record.tool),
+                record.created_at,
+                record.updated_at,
+            ),
+            _ => (STATUS_TOOL.to_string(), now, now),
+        };
+        Ok(TaskOperation {
+            key,
+            outcome,
+            tool,
+            created_at,
+            updated_at,
+        })
+    }
+
     async fn status(&self, caller: &Caller, arguments: &Map<String, Value>) -> Reply {
         let text = arguments.get("operation_key").and_then(Value::as_str);
         let outcome = match text.map(OperationKey::parse) {
@@ -330,13 +407,20 @@ impl Handler {
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
-                    .with_title("idemgate")
-                    .with_description("Side-effecting tools made safe to retry."),
-            )
-            .with_instructions(INSTRUCTIONS)
+        // The tasks extension: an operation still in flight is answered as a task backed by
+        // its durable record, to clients that declare the extension (see `as_task`).
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
+                .with_title("idemgate")
+                .with_description("Side-effecting tools made safe to retry."),
+        )
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -353,6 +437,48 @@ impl ServerHandler for Handler {
             return Some(control_tool());
         }
         self.shared.catalog.get(name).map(to_tool)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let found = self.task_operation(&request.task_id, &context).await?;
+        let (outcome, tool) = (&found.outcome, &found.tool);
+        let stamp = |mut task: Task| {
+            task.created_at = iso(found.created_at);
+            task.last_updated_at = iso(found.updated_at);
+            task
+        };
+        let base = Task::new(found.key.as_str(), rmcp::model::TaskStatus::Working, "", "");
+        let (task, payload) = match as_task(outcome, self.shared.gateway.now()) {
+            // Still in flight: the task keeps working.
+            Some(task) => (stamp(task), TaskPayload::Working),
+            // Settled (or refused): the task is complete, its result the tool result the
+            // call would have answered.
+            None => {
+                let result = to_result(Reply::from_outcome(tool, outcome));
+                let result = match serde_json::to_value(result) {
+                    Ok(Value::Object(result)) => result,
+                    _ => JsonObject::new(),
+                };
+                (stamp(base), TaskPayload::Completed { result })
+            }
+        };
+        Ok(GetTaskResult::new(DetailedTask::new(task, payload)))
+    }
+
+    /// Acknowledged, never acted on: the operation's effect runs to a settled state whatever
+    /// the caller does (DESIGN §3), so the task completes rather than being cancelled.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.task_operation(&request.task_id, &context)
+            .await
+            .map(|_| ())
     }
 
     async fn call_tool(
@@ -461,6 +587,13 @@ impl ServerHandler for Handler {
                 (outcome, Some(rule))
             }
         };
+        if context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks())
+            && let Some(task) = as_task(&outcome, self.shared.gateway.now())
+        {
+            return Ok(CreateTaskResult::new(task).into());
+        }
         let mut reply = Reply::from_outcome(&name, &outcome);
         if let Some(rule) = &rule {
             reply.text.push(' ');

@@ -66,6 +66,11 @@ impl World {
 
     /// One stdio connection (one MCP session) as `actor` of tenant `acme`.
     async fn connect(&self, actor: &str, identity: Identity) -> Session {
+        self.connect_with(actor, identity, json!({})).await
+    }
+
+    /// [`World::connect`] declaring these client capabilities at `initialize`.
+    async fn connect_with(&self, actor: &str, identity: Identity, capabilities: Value) -> Session {
         let (client, server) = tokio::io::duplex(1 << 16);
         let (server_read, server_write) = tokio::io::split(server);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -97,7 +102,7 @@ impl World {
         let init = session
             .request(
                 "initialize",
-                json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                json!({"protocolVersion": "2025-06-18", "capabilities": capabilities,
                        "clientInfo": {"name": "identity-test", "version": "0"}}),
             )
             .await;
@@ -522,4 +527,82 @@ async fn a_cancelled_call_completes_its_effect_and_a_later_call_replays_it() {
     assert_eq!(status(&again), "replayed", "{again}");
     assert_eq!(w.tickets().effects(), 2);
     s.close().await;
+}
+
+/// An accepted asynchronous job is answered as a task of the tasks extension to a client that
+/// declares it: the task id is the operation key, `tasks/get` reads the durable record (and
+/// polls the job), `tasks/cancel` is acknowledged and cancels nothing. A client without the
+/// extension gets the plain `in_flight` answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_job_is_a_task_backed_by_the_record() {
+    use idemgate_conformance::downstream::Fault;
+    let w = world();
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let mut s = w.connect_with("alice", TEN_MINUTES, tasks).await;
+    let reports = w.fakes.get("reports.generate").unwrap();
+    reports.push_fault(Fault::AcceptJob);
+    let report =
+        json!({"report_type": "usage", "period_start": "2026-10-01", "period_end": "2026-10-31"});
+    let answer = s
+        .request(
+            "tools/call",
+            json!({"name": "reports_generate", "arguments": report,
+            "_meta": {"io.idemgate/operation": {"workflow_id": "run_1", "step_id": "report"}}}),
+        )
+        .await;
+    let result = &answer["result"];
+    assert_eq!(result["resultType"], "task", "{answer}");
+    let task_id = result["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string();
+    assert_eq!(task_id, "acme:test:run_1:report");
+    assert_eq!(result["status"], "working");
+    assert_eq!(result["pollIntervalMs"], 2000);
+
+    let working = s.request("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(working["result"]["status"], "working", "{working}");
+    assert!(
+        working["result"]["createdAt"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-12-01T10:00:00")
+    );
+    // Cancelling is acknowledged; the job is not cancelled.
+    let cancelled = s.request("tasks/cancel", json!({"taskId": task_id})).await;
+    assert!(cancelled["result"].is_object(), "{cancelled}");
+    assert_eq!(reports.job_ids().len(), 1);
+
+    let job = reports.job_ids()[0].clone();
+    reports.complete_job(&job);
+    let done = s.request("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["result"]["structuredContent"]["status"], "replayed",
+        "{done}"
+    );
+    assert_eq!(reports.effects(), 1);
+
+    // Another tenant's task is not found, exactly as a missing one.
+    let missing = s
+        .request("tasks/get", json!({"taskId": "globex:test:run_1:report"}))
+        .await;
+    assert!(missing["error"].is_object(), "{missing}");
+    s.close().await;
+
+    // Without the extension: the plain in-flight answer.
+    let mut plain = w.connect("alice", TEN_MINUTES).await;
+    reports.push_fault(Fault::AcceptJob);
+    let report =
+        json!({"report_type": "billing", "period_start": "2026-10-01", "period_end": "2026-10-31"});
+    let answer = plain
+        .request(
+            "tools/call",
+            json!({"name": "reports_generate", "arguments": report,
+            "_meta": {"io.idemgate/operation": {"workflow_id": "run_2", "step_id": "report"}}}),
+        )
+        .await;
+    assert_eq!(status(&answer["result"]), "in_flight", "{answer}");
+    assert_ne!(answer["result"]["resultType"], "task");
+    plain.close().await;
 }
