@@ -81,7 +81,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     let mut options = HttpOptions {
-        options: Options { fakes: Some(fakes) },
+        options: Options {
+            fakes: Some(fakes),
+            ..Default::default()
+        },
         ..HttpOptions::default()
     };
     if !args.allowed_hosts.is_empty() {

@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::fake::{self, FakeDownstreams};
 use crate::gateway::Gateway;
 use crate::tools::{self, Catalog, Reply, STATUS_TOOL, ToolSpec};
+use crate::wrapped::{self, Wrap};
 
 /// What instructs a model once per connection, beside the tool descriptions.
 const INSTRUCTIONS: &str = "Tools here are executed by idemgate: each operation runs at most \
@@ -48,6 +49,8 @@ pub enum Error {
     Start(String),
     #[error("the MCP session ended abnormally: {0}")]
     Run(String),
+    #[error("the wrapped child's tools cannot be served: {0}")]
+    Wrapped(String),
 }
 
 /// Settings shared by both transports.
@@ -55,6 +58,9 @@ pub enum Error {
 pub struct Options {
     /// Serve the hidden fake-downstream control tool over these fakes (demos and tests only).
     pub fakes: Option<FakeDownstreams>,
+    /// `idemgate wrap`: serve a child MCP server's tools as it lists them, and pass its other
+    /// requests through (see [`crate::wrapped`]).
+    pub wrap: Option<Wrap>,
 }
 
 /// How a call learns its caller.
@@ -77,10 +83,14 @@ struct Shared {
     catalog: Catalog,
     listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
+    wrap: Option<Wrap>,
 }
 
 impl Shared {
-    fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, tools::Error> {
+    fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, Error> {
+        if let Some(wrap) = options.wrap {
+            return Shared::wrapping(gateway, wrap);
+        }
         let catalog = Catalog::new(&gateway.tools())?;
         let listed = catalog.tools().map(to_tool).collect();
         Ok(Shared {
@@ -88,6 +98,31 @@ impl Shared {
             catalog,
             listed,
             fakes: options.fakes,
+            wrap: None,
+        })
+    }
+
+    /// The child's tools, listed as the child lists them, each routed to the contract of
+    /// the same name; idemgate's status tool first.
+    fn wrapping(gateway: Arc<dyn Gateway>, wrap: Wrap) -> Result<Shared, Error> {
+        let names: Vec<String> = wrap
+            .tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from))
+            .collect();
+        let catalog = Catalog::wrapped(&names)?;
+        let mut listed = vec![to_tool(&ToolSpec::status())];
+        for tool in &wrap.tools {
+            let parsed: Tool = serde_json::from_value(Value::Object(tool.clone()))
+                .map_err(|e| Error::Wrapped(format!("a listed tool could not be read: {e}")))?;
+            listed.push(parsed);
+        }
+        Ok(Shared {
+            gateway,
+            catalog,
+            listed,
+            fakes: None,
+            wrap: Some(wrap),
         })
     }
 }
@@ -129,6 +164,69 @@ read a fake's own effect count, script its next answer, finish an accepted job."
 struct Handler {
     shared: Arc<Shared>,
     who: Who,
+}
+
+fn to_wrapped_result(reply: wrapped::WrappedReply) -> CallToolResult {
+    let mut result = if reply.is_error {
+        CallToolResult::structured_error(reply.structured)
+    } else {
+        CallToolResult::structured(reply.structured)
+    };
+    // The child's blocks as it answered them; a block this SDK cannot read becomes text
+    // rather than vanishing.
+    result.content = reply
+        .content
+        .into_iter()
+        .map(|block| {
+            serde_json::from_value(block.clone())
+                .unwrap_or_else(|_| ContentBlock::text(block.to_string()))
+        })
+        .collect();
+    result
+}
+
+/// One member of the child's capabilities, when this SDK can read it.
+fn capability<T: serde::de::DeserializeOwned>(child: &Value, name: &str) -> Option<T> {
+    child
+        .get(name)
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+}
+
+fn forwarded(e: wrapped::Forwarded) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode(e.code), e.message, e.data)
+}
+
+fn not_found(method: &'static str) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, method, None)
+}
+
+impl Handler {
+    /// Passes one request to the wrapped child and reads its answer as `T`.
+    async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &'static str,
+        params: impl serde::Serialize,
+    ) -> Result<T, ErrorData> {
+        let Some(wrap) = &self.shared.wrap else {
+            return Err(not_found(method));
+        };
+        let params = serde_json::to_value(params).unwrap_or(Value::Null);
+        let mut answer = wrap
+            .child
+            .forward(method, params)
+            .await
+            .map_err(forwarded)?;
+        // A child on an older protocol revision answers without `resultType`, which the
+        // 2026-07-28 revision requires of a complete result; absent means complete.
+        if let Value::Object(fields) = &mut answer {
+            fields
+                .entry("resultType")
+                .or_insert_with(|| Value::String("complete".into()));
+        }
+        serde_json::from_value(answer).map_err(|e| {
+            ErrorData::internal_error(format!("the child's answer to `{method}`: {e}"), None)
+        })
+    }
 }
 
 fn to_result(reply: Reply) -> CallToolResult {
@@ -175,13 +273,76 @@ impl Handler {
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        let mut instructions = INSTRUCTIONS.to_string();
+        if let Some(wrap) = &self.shared.wrap {
+            // What the child offers beside tools is offered here too, and passed through.
+            let child = wrap.child.capabilities();
+            capabilities.resources = capability(&child, "resources");
+            capabilities.prompts = capability(&child, "prompts");
+            capabilities.completions = capability(&child, "completions");
+            if let Some(theirs) = wrap.child.instructions() {
+                instructions = format!("{instructions}\n\n{theirs}");
+            }
+        }
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
                     .with_title("idemgate")
                     .with_description("Side-effecting tools made safe to retry."),
             )
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(instructions)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.forward("resources/list", request).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        self.forward("resources/templates/list", request).await
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        let result: rmcp::model::ReadResourceResult =
+            self.forward("resources/read", request).await?;
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.forward("prompts/list", request).await
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        let result: rmcp::model::GetPromptResult = self.forward("prompts/get", request).await?;
+        Ok(result.into())
+    }
+
+    async fn complete(
+        &self,
+        request: rmcp::model::CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        self.forward("completion/complete", request).await
     }
 
     async fn list_tools(
@@ -194,6 +355,9 @@ impl ServerHandler for Handler {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        if self.shared.wrap.is_some() {
+            return self.shared.listed.iter().find(|t| t.name == name).cloned();
+        }
         if name == fake::CONTROL_TOOL && self.shared.fakes.is_some() {
             return Some(control_tool());
         }
@@ -266,6 +430,9 @@ impl ServerHandler for Handler {
                         Value::Object(arguments),
                     )
                     .await;
+                if self.shared.wrap.is_some() {
+                    return Ok(to_wrapped_result(wrapped::reply(&name, &outcome)).into());
+                }
                 Reply::from_outcome(&name, &outcome)
             }
         };

@@ -559,6 +559,48 @@ impl Catalog {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `idemgate wrap`: a child's tools, listed by the child (see `crate::wrapped`).
+
+impl Catalog {
+    /// The status tool, then one entry per child tool, each routed to the contract of the
+    /// same name. The listing itself is the child's; these entries only route calls.
+    pub fn wrapped(names: &[String]) -> Result<Catalog, Error> {
+        let mut specs = BTreeMap::new();
+        let status = ToolSpec::status();
+        let mut order = vec![status.name.clone()];
+        specs.insert(status.name.clone(), status);
+        for name in names {
+            if RESERVED_TOOLS.contains(&name.as_str()) {
+                return Err(Error::Reserved {
+                    tool: name.clone(),
+                    contract: name.clone(),
+                });
+            }
+            if specs.contains_key(name) {
+                return Err(Error::NameCollision {
+                    tool: name.clone(),
+                    first: name.clone(),
+                    second: name.clone(),
+                });
+            }
+            let spec = ToolSpec {
+                name: name.clone(),
+                contract: Some(name.clone()),
+                title: name.clone(),
+                description: String::new(),
+                input_schema: Map::new(),
+                output_schema: None,
+                hints: Hints::of(EffectClass::KeyBased),
+                meta: None,
+            };
+            order.push(name.clone());
+            specs.insert(name.clone(), spec);
+        }
+        Ok(Catalog { specs, order })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

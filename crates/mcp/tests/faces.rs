@@ -119,6 +119,7 @@ async fn stdio_serves_contracts_and_replays_one_operation() {
         caller("acme"),
         Options {
             fakes: Some(w.fakes.clone()),
+            ..Default::default()
         },
         server_read,
         server_write,

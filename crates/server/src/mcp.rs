@@ -273,7 +273,10 @@ pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
     let served = idemgate_mcp::serve_stdio(
         Arc::new(state),
         caller,
-        idemgate_mcp::Options { fakes },
+        idemgate_mcp::Options {
+            fakes,
+            ..Default::default()
+        },
         serve::shutdown_signal(),
     )
     .await;

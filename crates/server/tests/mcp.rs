@@ -374,7 +374,10 @@ async fn mcp_over_stdio_takes_store_environment_and_contracts_from_the_config() 
     let serving = tokio::spawn(idemgate_mcp::serve_io(
         Arc::new(stdio.state),
         stdio.caller,
-        idemgate_mcp::Options { fakes: stdio.fakes },
+        idemgate_mcp::Options {
+            fakes: stdio.fakes,
+            ..Default::default()
+        },
         server_read,
         server_write,
         async move {
