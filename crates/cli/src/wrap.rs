@@ -72,6 +72,9 @@ pub struct WrapArgs {
     /// How long one tool call may take (`60s`, `5m`); past it its outcome is unknown.
     #[arg(long, value_name = "DURATION")]
     pub call_timeout: Option<String>,
+    /// How long the child may take to answer `initialize` and `tools/list` (`30s`).
+    #[arg(long, value_name = "DURATION")]
+    pub start_timeout: Option<String>,
     /// The child MCP server and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -203,7 +206,11 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         Some(t) => duration("call_timeout", t)?,
         None => Duration::from_secs(60),
     };
-    let start_timeout = match file.start_timeout.as_deref() {
+    let start_timeout = match args
+        .start_timeout
+        .as_deref()
+        .or(file.start_timeout.as_deref())
+    {
         Some(t) => duration("start_timeout", t)?,
         None => Duration::from_secs(30),
     };

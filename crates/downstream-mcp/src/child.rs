@@ -114,6 +114,9 @@ struct State {
     failures: u32,
     /// Not before this instant may the next start be tried.
     not_before: Option<Instant>,
+    /// Grows with every connection, so that a call that saw its connection break drops that
+    /// one and not a newer one.
+    generation: u64,
 }
 
 /// One child MCP server, shared by every tool it offers. A call that finds it dead starts it
@@ -150,6 +153,7 @@ impl Child {
                 connection: Some(connection),
                 failures: 0,
                 not_before: None,
+                generation: 0,
             }),
         });
         Ok((child, started))
@@ -161,12 +165,13 @@ impl Child {
 
     /// A live connection: the current one, or a new child when it died. `Err` when the child
     /// could not be started (or the backoff says not yet).
-    async fn peer(&self) -> Result<Peer<RoleClient>, String> {
+    async fn peer(&self) -> Result<(Peer<RoleClient>, u64), String> {
         let mut state = self.state.lock().await;
         if let Some(c) = &state.connection
             && !c.is_closed()
+            && !c.peer().is_transport_closed()
         {
-            return Ok(c.peer().clone());
+            return Ok((c.peer().clone(), state.generation));
         }
         if state.connection.take().is_some() {
             tracing::warn!(child = %self.spec.display(), "the child MCP server ended; starting it again");
@@ -186,7 +191,8 @@ impl Child {
                 state.connection = Some(connection);
                 state.failures = 0;
                 state.not_before = None;
-                Ok(peer)
+                state.generation += 1;
+                Ok((peer, state.generation))
             }
             Err(e) => {
                 state.failures = state.failures.saturating_add(1);
@@ -206,7 +212,7 @@ impl Child {
         arguments: Map<String, Value>,
         meta: Map<String, Value>,
     ) -> CallAnswer {
-        let peer = match self.peer().await {
+        let (peer, generation) = match self.peer().await {
             Ok(peer) => peer,
             Err(message) => return CallAnswer::NotSent(message),
         };
@@ -226,7 +232,25 @@ impl Child {
                     "the answer of `{child}` to `{name}` could not be read"
                 )),
             },
-            Ok(Err(e)) => classify_error(&child, name, e),
+            Ok(Err(e)) => {
+                if matches!(
+                    e,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) {
+                    // The SDK may not have noticed yet; the next call must start a new child
+                    // rather than send into this dead one.
+                    self.forget(generation).await;
+                }
+                classify_error(&child, name, e)
+            }
+        }
+    }
+
+    /// Drops connection `generation` if it is still the current one.
+    async fn forget(&self, generation: u64) {
+        let mut state = self.state.lock().await;
+        if state.generation == generation {
+            state.connection = None;
         }
     }
 
@@ -237,7 +261,7 @@ impl Child {
             message,
             data: None,
         };
-        let peer = self.peer().await.map_err(down)?;
+        let (peer, _) = self.peer().await.map_err(down)?;
         let bad = |e: serde_json::Error| ForwardError {
             code: -32602,
             message: format!("invalid params for `{method}`: {e}"),

@@ -176,19 +176,17 @@ impl McpArgs {
     }
 }
 
+/// The tools with their effects, the authorization hooks (`None`: allow all), and the fakes
+/// when `--fake-downstream` built them.
+pub type Effects = (
+    Vec<Tool>,
+    Option<Arc<dyn Authorizer>>,
+    Option<FakeDownstreams>,
+);
+
 /// The tools of `idemgate mcp` and their effects: each contract's HTTP downstream and its
 /// authorization hooks, or with `--fake-downstream` the in-process fakes (hooks included).
-pub fn tools(
-    args: &McpArgs,
-    contracts: &[Arc<Contract>],
-) -> Result<
-    (
-        Vec<Tool>,
-        Option<Arc<dyn Authorizer>>,
-        Option<FakeDownstreams>,
-    ),
-    Error,
-> {
+pub fn tools(args: &McpArgs, contracts: &[Arc<Contract>]) -> Result<Effects, Error> {
     if args.fake_downstream {
         let fakes = FakeDownstreams::for_contracts(contracts);
         let mut tools = Vec::new();
