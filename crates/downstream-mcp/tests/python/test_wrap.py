@@ -178,6 +178,19 @@ async def test_a_child_killed_mid_call_ends_unknown_and_is_never_resent(world: W
     assert ("hang", "unknown") in world.records("hang")
 
 
+async def test_a_child_that_hangs_past_the_timeout_ends_unknown_and_is_never_resent(world: World):
+    step = meta("slow")
+    async with world.connect("--call-timeout", "2s") as client:
+        started = time.monotonic()
+        first = await client.call_tool("hang", {"subject": "slow"}, meta=step)
+        assert time.monotonic() - started < 30
+        assert first.structured_content["status"] == "unknown", first.structured_content
+        retry = await client.call_tool("hang", {"subject": "slow"}, meta=step)
+        assert retry.structured_content["status"] == "unknown", retry.structured_content
+    assert len(world.effects("hang")) == 1
+    assert world.records("hang") == [("hang", "unknown")]
+
+
 async def test_a_read_only_tool_passes_through_without_a_record(world: World):
     async with world.connect() as client:
         for _ in range(2):
