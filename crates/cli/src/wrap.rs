@@ -344,8 +344,9 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let shown = settings.spec.display();
     wrapped::check_names(&shown, &started.tools)?;
-    // The lease outlasts a call comfortably; the executor renews it while the call runs.
-    let lease = settings.call_timeout.as_secs().clamp(30, 600);
+    // The executor renews the lease at a third of its length while a call runs, so it need
+    // not outlast the call; it bounds how soon a wrap that died mid-call is recovered.
+    let lease = settings.call_timeout.as_secs().clamp(10, 600);
     let contracts = contracts_for(&shown, &started.tools, files, lease)?;
     let mut tools = Vec::new();
     let mut listed = Vec::new();

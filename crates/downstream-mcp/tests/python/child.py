@@ -32,6 +32,8 @@ args = parser.parse_args()
 
 EFFECTS = Path(args.effects)
 Path(f"{EFFECTS}.pid").write_text(str(os.getpid()))
+# The parent is the `idemgate wrap` that started this child.
+Path(f"{EFFECTS}.ppid").write_text(str(os.getppid()))
 
 server = MCPServer("tickets-child")
 

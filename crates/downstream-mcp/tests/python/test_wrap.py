@@ -191,6 +191,38 @@ async def test_a_child_that_hangs_past_the_timeout_ends_unknown_and_is_never_res
     assert world.records("hang") == [("hang", "unknown")]
 
 
+async def test_wrap_killed_mid_call_is_recovered_as_unknown_by_the_next_wrap(world: World):
+    """SIGKILL of idemgate wrap itself while the child performs the effect: the record is left
+    pending with the dispatch marker; the next wrap on the same store recovers it (after the
+    lease, 10 s with a 2 s call timeout) as unknown, and never sends it again."""
+    step = meta("crash")
+    try:
+        async with world.connect("--call-timeout", "2s") as client:
+            async with anyio.create_task_group() as tg:
+                async def call() -> None:
+                    with contextlib.suppress(Exception):
+                        await client.call_tool("hang", {"subject": "crash"}, meta=step)
+
+                tg.start_soon(call)
+                await wait_for(lambda: len(world.effects("hang")) == 1)
+                os.kill(int(Path(f"{world.effects_file}.ppid").read_text()), signal.SIGKILL)
+                os.kill(world.child_pid(), signal.SIGKILL)
+    except Exception:  # the client sees its server vanish
+        pass
+    assert world.records("hang") == [("hang", "pending")]
+    async with world.connect("--call-timeout", "2s") as client:
+        deadline = time.monotonic() + 40
+        while True:
+            result = await client.call_tool("hang", {"subject": "crash"}, meta=step)
+            status = result.structured_content["status"]
+            if status != "in_flight" or time.monotonic() > deadline:
+                break
+            await anyio.sleep(1)
+        assert status == "unknown", result.structured_content
+    assert len(world.effects("hang")) == 1
+    assert world.records("hang") == [("hang", "unknown")]
+
+
 async def test_a_read_only_tool_passes_through_without_a_record(world: World):
     async with world.connect() as client:
         for _ in range(2):
