@@ -223,6 +223,23 @@ async def test_wrap_killed_mid_call_is_recovered_as_unknown_by_the_next_wrap(wor
     assert world.records("hang") == [("hang", "unknown")]
 
 
+async def test_a_malformed_answer_mid_call_ends_unknown_and_is_never_resent(world: World):
+    malformed = HERE / "malformed_child.py"
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["wrap", "--store", f"sqlite://{world.store}", "--call-timeout", "3s", "--",
+              PYTHON, str(malformed), "--effects", str(world.effects_file)],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    step = meta("garbled")
+    async with Client(params) as client:
+        first = await client.call_tool("create_ticket", {"subject": "garbled"}, meta=step)
+        assert first.structured_content["status"] == "unknown", first.structured_content
+        retry = await client.call_tool("create_ticket", {"subject": "garbled"}, meta=step)
+        assert retry.structured_content["status"] == "unknown", retry.structured_content
+    assert world.effects("create") == ["create\tgarbled"]
+    assert world.records() == [("create_ticket", "unknown")]
+
+
 async def test_a_read_only_tool_passes_through_without_a_record(world: World):
     async with world.connect() as client:
         for _ in range(2):
