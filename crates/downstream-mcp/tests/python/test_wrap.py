@@ -39,15 +39,13 @@ STATUS = "idemgate_operation_status"
 CHILD_TOOLS = ["create_ticket", "hang", "fail_ticket", "get_ticket", "purge_tickets"]
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+anyio_backend = pytest.fixture(lambda: "asyncio", name="anyio_backend")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-def meta(step: str, workflow: str | None = None) -> dict[str, Any]:
-    return {OPERATION: {"workflow_id": workflow or f"run_{uuid.uuid4().hex[:8]}", "step_id": step}}
+def meta(step: str, workflow: str = "") -> dict[str, Any]:
+    """The `_meta` an agent runtime sends: a fresh workflow unless one is named."""
+    identity = {"workflow_id": workflow or "wf-" + uuid.uuid4().hex, "step_id": step}
+    return {OPERATION: identity}
 
 
 class World:
