@@ -20,6 +20,7 @@ mod stores;
 mod token;
 #[cfg(feature = "otel")]
 mod traces;
+mod wrap;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,6 +56,8 @@ enum Command {
     Serve(idemgate_server::ServeArgs),
     /// Serve the contracts as MCP tools over stdio, for one local agent.
     Mcp(idemgate_mcp::cli::McpArgs),
+    /// Put the executor in front of any stdio MCP server: `idemgate wrap -- <command> [args…]`.
+    Wrap(wrap::WrapArgs),
     /// Operators' actions against a gateway: the reconciliation queue, approvals, timelines.
     /// The token is read from IDEMGATE_TOKEN.
     Ops(ops::OpsArgs),
@@ -139,7 +142,10 @@ fn main() -> ExitCode {
     // `idemgate mcp` speaks JSON-RPC on stdout; its logs, like every command's, go to stderr.
     let traces = logs(
         cli.log_format,
-        matches!(cli.command, Command::Serve(_) | Command::Mcp(_)),
+        matches!(
+            cli.command,
+            Command::Serve(_) | Command::Mcp(_) | Command::Wrap(_)
+        ),
     );
     let result = match cli.command {
         Command::Contract(command) => contract::run(command),
@@ -171,6 +177,9 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             })
         }),
+        Command::Wrap(args) => runtime()
+            .and_then(|rt| rt.block_on(wrap::run(args)))
+            .map(|()| ExitCode::SUCCESS),
         Command::Ops(args) => runtime().and_then(|rt| rt.block_on(ops::run(args))),
         Command::Token(command) => token::run(command),
         Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),

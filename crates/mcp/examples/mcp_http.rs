@@ -100,6 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         options: Options {
             fakes: Some(fakes),
             identity: args.identity,
+            ..Default::default()
         },
         sessions: args.sessions,
         ..HttpOptions::default()

@@ -33,6 +33,7 @@ use crate::fake::{self, FakeDownstreams};
 use crate::gateway::Gateway;
 use crate::identity::{self as derive, Principal, REPEAT_OF, Rule};
 use crate::tools::{self, Catalog, Reply, STATUS_TOOL, ToolSpec};
+use crate::wrapped::{self, Wrap};
 
 /// What instructs a model once per connection, beside the tool descriptions.
 const INSTRUCTIONS: &str = "Tools here are executed by idemgate: each operation runs at most \
@@ -52,6 +53,8 @@ pub enum Error {
     Start(String),
     #[error("the MCP session ended abnormally: {0}")]
     Run(String),
+    #[error("the wrapped child's tools cannot be served: {0}")]
+    Wrapped(String),
 }
 
 /// Settings shared by both transports.
@@ -62,6 +65,9 @@ pub struct Options {
     /// The server's identity rule for calls without `_meta` (a contract's own `identity`
     /// wins): `meta` rejects a key-based call without it, `session_window` derives its key.
     pub identity: Identity,
+    /// `idemgate wrap`: serve a child MCP server's tools as it lists them, and pass its other
+    /// requests through (see [`crate::wrapped`]).
+    pub wrap: Option<Wrap>,
 }
 
 /// How a call learns its caller.
@@ -90,10 +96,14 @@ struct Shared {
     contracts: BTreeMap<String, Arc<Contract>>,
     listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
+    wrap: Option<Wrap>,
 }
 
 impl Shared {
-    fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, tools::Error> {
+    fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, Error> {
+        if let Some(wrap) = options.wrap {
+            return Shared::wrapping(gateway, wrap, options.identity);
+        }
         let served = gateway.tools();
         let catalog = Catalog::with_identity(&served, options.identity)?;
         let listed = catalog.tools().map(to_tool).collect();
@@ -104,6 +114,54 @@ impl Shared {
             contracts,
             listed,
             fakes: options.fakes,
+            wrap: None,
+        })
+    }
+
+    /// The child's tools, listed as the child lists them, each routed to the contract of
+    /// the same name; idemgate's status tool first. A tool whose calls are named by the
+    /// session-window rule lists the optional `repeat_of` too, and says what a repeat means.
+    fn wrapping(gateway: Arc<dyn Gateway>, wrap: Wrap, identity: Identity) -> Result<Shared, Error> {
+        let served = gateway.tools();
+        let contracts: BTreeMap<String, Arc<Contract>> =
+            served.into_iter().map(|c| (c.name.clone(), c)).collect();
+        let names: Vec<String> = wrap
+            .tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from))
+            .collect();
+        let catalog = Catalog::wrapped(&names, &contracts, identity)?;
+        let mut listed = vec![to_tool(&ToolSpec::status())];
+        for tool in &wrap.tools {
+            let mut parsed: Tool = serde_json::from_value(Value::Object(tool.clone()))
+                .map_err(|e| Error::Wrapped(format!("a listed tool could not be read: {e}")))?;
+            let spec = catalog.get(&parsed.name);
+            let contract = spec
+                .and_then(|s| s.contract.as_ref())
+                .and_then(|c| contracts.get(c));
+            if let (Some(spec), Some(contract)) = (spec, contract)
+                && let Identity::SessionWindow(window) = spec.identity
+            {
+                let mut schema = (*parsed.input_schema).clone();
+                tools::add_repeat_of(&mut schema);
+                parsed.input_schema = Arc::new(schema);
+                let theirs = parsed.description.as_deref().unwrap_or("").trim().to_string();
+                let ours = tools::windowed_semantics(contract, window);
+                parsed.description = Some(if theirs.is_empty() {
+                    format!("Retries: {ours}").into()
+                } else {
+                    format!("{theirs}\n\nRetries: {ours}").into()
+                });
+            }
+            listed.push(parsed);
+        }
+        Ok(Shared {
+            gateway,
+            catalog,
+            contracts,
+            listed,
+            fakes: None,
+            wrap: Some(wrap),
         })
     }
 }
@@ -159,6 +217,69 @@ enum Named {
     Derived(OperationKey, Rule),
     /// Refused before anything was written.
     Refused(Outcome),
+}
+
+fn to_wrapped_result(reply: wrapped::WrappedReply) -> CallToolResult {
+    let mut result = if reply.is_error {
+        CallToolResult::structured_error(reply.structured)
+    } else {
+        CallToolResult::structured(reply.structured)
+    };
+    // The child's blocks as it answered them; a block this SDK cannot read becomes text
+    // rather than vanishing.
+    result.content = reply
+        .content
+        .into_iter()
+        .map(|block| {
+            serde_json::from_value(block.clone())
+                .unwrap_or_else(|_| ContentBlock::text(block.to_string()))
+        })
+        .collect();
+    result
+}
+
+/// One member of the child's capabilities, when this SDK can read it.
+fn capability<T: serde::de::DeserializeOwned>(child: &Value, name: &str) -> Option<T> {
+    child
+        .get(name)
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+}
+
+fn forwarded(e: wrapped::Forwarded) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode(e.code), e.message, e.data)
+}
+
+fn not_found(method: &'static str) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, method, None)
+}
+
+impl Handler {
+    /// Passes one request to the wrapped child and reads its answer as `T`.
+    async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &'static str,
+        params: impl serde::Serialize,
+    ) -> Result<T, ErrorData> {
+        let Some(wrap) = &self.shared.wrap else {
+            return Err(not_found(method));
+        };
+        let params = serde_json::to_value(params).unwrap_or(Value::Null);
+        let mut answer = wrap
+            .child
+            .forward(method, params)
+            .await
+            .map_err(forwarded)?;
+        // A child on an older protocol revision answers without `resultType`, which the
+        // 2026-07-28 revision requires of a complete result; absent means complete.
+        if let Value::Object(fields) = &mut answer {
+            fields
+                .entry("resultType")
+                .or_insert_with(|| Value::String("complete".into()));
+        }
+        serde_json::from_value(answer).map_err(|e| {
+            ErrorData::internal_error(format!("the child's answer to `{method}`: {e}"), None)
+        })
+    }
 }
 
 fn to_result(reply: Reply) -> CallToolResult {
@@ -409,18 +530,79 @@ impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
         // The tasks extension: an operation still in flight is answered as a task backed by
         // its durable record, to clients that declare the extension (see `as_task`).
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tasks()
-                .build(),
-        )
-        .with_server_info(
-            Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
-                .with_title("idemgate")
-                .with_description("Side-effecting tools made safe to retry."),
-        )
-        .with_instructions(INSTRUCTIONS)
+        let mut capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        let mut instructions = INSTRUCTIONS.to_string();
+        if let Some(wrap) = &self.shared.wrap {
+            // What the child offers beside tools is offered here too, and passed through.
+            let child = wrap.child.capabilities();
+            capabilities.resources = capability(&child, "resources");
+            capabilities.prompts = capability(&child, "prompts");
+            capabilities.completions = capability(&child, "completions");
+            if let Some(theirs) = wrap.child.instructions() {
+                instructions = format!("{instructions}\n\n{theirs}");
+            }
+        }
+        ServerConfig::new(capabilities)
+            .with_server_info(
+                Implementation::new("idemgate", env!("CARGO_PKG_VERSION"))
+                    .with_title("idemgate")
+                    .with_description("Side-effecting tools made safe to retry."),
+            )
+            .with_instructions(instructions)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.forward("resources/list", request).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        self.forward("resources/templates/list", request).await
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        let result: rmcp::model::ReadResourceResult =
+            self.forward("resources/read", request).await?;
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.forward("prompts/list", request).await
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        let result: rmcp::model::GetPromptResult = self.forward("prompts/get", request).await?;
+        Ok(result.into())
+    }
+
+    async fn complete(
+        &self,
+        request: rmcp::model::CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CompleteResult, ErrorData> {
+        self.forward("completion/complete", request).await
     }
 
     async fn list_tools(
@@ -433,6 +615,9 @@ impl ServerHandler for Handler {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        if self.shared.wrap.is_some() {
+            return self.shared.listed.iter().find(|t| t.name == name).cloned();
+        }
         if name == fake::CONTROL_TOOL && self.shared.fakes.is_some() {
             return Some(control_tool());
         }
@@ -593,6 +778,22 @@ impl ServerHandler for Handler {
             && let Some(task) = as_task(&outcome, self.shared.gateway.now())
         {
             return Ok(CreateTaskResult::new(task).into());
+        }
+        if self.shared.wrap.is_some() {
+            let mut reply = wrapped::reply(&name, &outcome);
+            if let Some(rule) = &rule {
+                let sentence = rule.sentence(outcome.operation_key.as_ref());
+                reply
+                    .content
+                    .push(serde_json::json!({"type": "text", "text": sentence}));
+            }
+            let mut result = to_wrapped_result(reply);
+            if let Some(rule) = rule {
+                let mut meta = Map::new();
+                meta.insert(tools::IDENTITY_META.to_string(), rule.as_json());
+                result.meta = Some(MetaObject(meta));
+            }
+            return Ok(result.into());
         }
         let mut reply = Reply::from_outcome(&name, &outcome);
         if let Some(rule) = &rule {

@@ -1,25 +1,23 @@
 //! `idemgate mcp`: the contracts as MCP tools over stdio, for one local agent.
 //!
 //! The binary opens the store from `--store` and calls [`run`]; everything else — loading
-//! contracts, building downstreams, the executor, the recoverer, the stdio server — is here.
+//! contracts and building their downstreams — is here; the executor, the recoverer and the
+//! stdio server are put together by [`crate::assembly`], which `idemgate wrap` shares.
 //! With `--config FILE` (the gateway's TOML configuration) the binary hands the flags to
 //! `idemgate_server::mcp::stdio` instead, which reads the file with the gateway's own loader.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use idemgate_core::clock::SystemClock;
 use idemgate_core::contract::{Contract, LoadError};
-use idemgate_core::effect::{AllowAll, Authorizer, Downstream};
-use idemgate_core::key::OperationKey;
+use idemgate_core::effect::Authorizer;
 use idemgate_core::store::Store;
 use idemgate_downstream_http::{AuthorizerByTool, HttpDownstream};
-use idemgate_engine::{Caller, Executor, Recoverer, Settings};
 
 use crate::adapter::{self, Options};
+use crate::assembly::{self, Assembly, Local, Recovery, Tool};
 use crate::fake::FakeDownstreams;
-use crate::gateway::{self, Gateway, LocalGateway};
+use crate::gateway::{self, Gateway};
 
 /// Flags of `idemgate mcp`.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,8 +77,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Contract(#[from] LoadError),
-    #[error("--tenant, --environment and --actor: {0}")]
-    Identity(String),
+    #[error(transparent)]
+    Assembly(#[from] assembly::Error),
     #[error("{0}")]
     Downstream(String),
     #[error(transparent)]
@@ -171,55 +169,73 @@ pub fn load_contracts(patterns: &[String]) -> Result<Vec<Arc<Contract>>, Error> 
     Ok(contracts)
 }
 
-/// Builds the executor and gateway for `args` over `store`. With `--fake-downstream`, returns
-/// the fakes too.
-pub fn gateway(
+impl McpArgs {
+    fn local(&self) -> Local {
+        Local {
+            tenant: self.tenant.clone(),
+            environment: self.environment.clone(),
+            actor: self.actor.clone(),
+            identity: self.identity.unwrap_or_default(),
+        }
+    }
+}
+
+/// The tools with their effects, the authorization hooks (`None`: allow all), and the fakes
+/// when `--fake-downstream` built them.
+pub type Effects = (
+    Vec<Tool>,
+    Option<Arc<dyn Authorizer>>,
+    Option<FakeDownstreams>,
+);
+
+/// The tools of `idemgate mcp` and their effects: each contract's HTTP downstream and its
+/// authorization hooks, or with `--fake-downstream` the in-process fakes (hooks included).
+pub fn tools(args: &McpArgs, contracts: &[Arc<Contract>]) -> Result<Effects, Error> {
+    if args.fake_downstream {
+        let fakes = FakeDownstreams::for_contracts(contracts);
+        let mut tools = Vec::new();
+        for contract in contracts {
+            let downstream =
+                fakes
+                    .downstream(&contract.name)
+                    .ok_or_else(|| gateway::Error::Downstream {
+                        tool: contract.name.clone(),
+                        message: "no fake downstream".into(),
+                    })?;
+            tools.push(Tool {
+                contract: contract.clone(),
+                downstream,
+            });
+        }
+        return Ok((tools, None, Some(fakes)));
+    }
+    let hooks = AuthorizerByTool::from_contracts(contracts.iter().map(|c| c.as_ref()))
+        .map_err(|e| Error::Downstream(e.to_string()))?;
+    let mut tools = Vec::new();
+    for contract in contracts {
+        let downstream =
+            HttpDownstream::from_contract(contract).map_err(|e| gateway::Error::Downstream {
+                tool: contract.name.clone(),
+                message: format!("{e} (run with --fake-downstream to try the tools without one)"),
+            })?;
+        tools.push(Tool {
+            contract: contract.clone(),
+            downstream: Arc::new(downstream),
+        });
+    }
+    Ok((tools, Some(Arc::new(hooks)), None))
+}
+
+/// Builds the assembly for `args` over `store`. With `--fake-downstream`, returns the fakes
+/// too.
+pub fn assemble(
     args: &McpArgs,
     store: Arc<dyn Store>,
     contracts: Vec<Arc<Contract>>,
-) -> Result<(LocalGateway, Option<FakeDownstreams>), Error> {
-    // The tenant, environment and actor end up in operation keys and records: check them now
-    // rather than rejecting every call later.
-    OperationKey::new(&args.tenant, &args.environment, "w", "s")
-        .map_err(|e| Error::Identity(e.to_string()))?;
-    if args.actor.trim().is_empty() {
-        return Err(Error::Identity("the actor is empty".into()));
-    }
-    let (authorizer, fakes): (Arc<dyn Authorizer>, _) = if args.fake_downstream {
-        // The fakes stand in for the systems of record, authorization hooks included.
-        (
-            Arc::new(AllowAll),
-            Some(FakeDownstreams::for_contracts(&contracts)),
-        )
-    } else {
-        let hooks = AuthorizerByTool::from_contracts(contracts.iter().map(|c| c.as_ref()))
-            .map_err(|e| Error::Downstream(e.to_string()))?;
-        (Arc::new(hooks), None)
-    };
-    let executor = Executor::new(
-        store,
-        Arc::new(SystemClock),
-        authorizer,
-        Settings::default(),
-    );
-    let gateway = LocalGateway::new(
-        executor,
-        args.environment.clone(),
-        contracts,
-        |contract| -> Result<Arc<dyn Downstream>, String> {
-            match &fakes {
-                Some(fakes) => fakes
-                    .downstream(&contract.name)
-                    .ok_or_else(|| "no fake downstream".to_string()),
-                None => HttpDownstream::from_contract(contract)
-                    .map(|d| Arc::new(d) as Arc<dyn Downstream>)
-                    .map_err(|e| {
-                        format!("{e} (run with --fake-downstream to try the tools without one)")
-                    }),
-            }
-        },
-    )?;
-    Ok((gateway, fakes))
+) -> Result<(Assembly, Option<FakeDownstreams>), Error> {
+    let (tools, authorizer, fakes) = tools(args, &contracts)?;
+    let assembly = Assembly::new(args.local(), store, authorizer, tools, Recovery::default())?;
+    Ok((assembly, fakes))
 }
 
 /// Runs `idemgate mcp` until the client closes stdin, or Ctrl-C / SIGTERM.
@@ -234,43 +250,20 @@ pub async fn run(
         return Err(Error::Config);
     }
     let contracts = load_contracts(&args.contracts)?;
-    let (gateway, fakes) = gateway(&args, store, contracts)?;
-    let gateway = Arc::new(gateway);
-    let caller = Caller {
-        tenant: args.tenant.clone(),
-        actor: args.actor.clone(),
-        role: "agent".into(),
-    };
+    let (assembly, fakes) = assemble(&args, store, contracts)?;
     tracing::info!(
-        tools = gateway.tools().len(),
-        tenant = caller.tenant,
+        tools = assembly.gateway().tools().len(),
+        tenant = args.tenant,
         environment = args.environment,
         fake_downstream = args.fake_downstream,
         "serving MCP over stdio"
     );
-    // Abandoned claims and accepted jobs are driven by the recoverer, not only by retries.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let recoverer = Recoverer::new(
-        gateway.executor().clone(),
-        gateway.clone(),
-        args.environment.clone(),
-    );
-    let mut stop = stop_rx.clone();
-    let recovering = tokio::spawn(recoverer.run(
-        Duration::from_secs(2),
-        Duration::from_secs(300),
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        },
-    ));
     let options = Options {
         fakes,
         identity: args.identity.unwrap_or_default(),
+        ..Options::default()
     };
-    let result = adapter::serve_stdio(gateway, caller, options, shutdown).await;
-    let _ = stop_tx.send(true);
-    let _ = recovering.await;
-    Ok(result?)
+    Ok(assembly.serve_stdio(options, shutdown).await?)
 }
 
 #[cfg(test)]

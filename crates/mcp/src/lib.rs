@@ -13,6 +13,10 @@
 //!   [`serve_stdio`], and [`streamable_http_service`] to mount at `/mcp`.
 //! - [`fake`] — per-contract fake downstreams and their hidden control tool, for
 //!   `idemgate mcp --fake-downstream`.
+//! - [`wrapped`] — `idemgate wrap`: a child MCP server's tools as it lists them, its other
+//!   requests passed through ([`wrapped::Passthrough`]).
+//! - [`assembly`] — store → tools and effects → executor → recoverer → stdio, one assembly
+//!   shared by `idemgate mcp` and `idemgate wrap`.
 //! - [`cli`] — `idemgate mcp`: flags, contract loading, the executor and recoverer, stdio.
 //!
 //! The operation key is never the model's: the agent runtime names the operation in the call's
@@ -20,11 +24,13 @@
 //! caller's credentials (stdio: configuration), the environment from the server.
 
 pub mod adapter;
+pub mod assembly;
 pub mod cli;
 pub mod fake;
 pub mod gateway;
 pub mod identity;
 pub mod tools;
+pub mod wrapped;
 
 pub use adapter::{
     HttpOptions, McpHttpService, Options, serve_io, serve_stdio, streamable_http_service,

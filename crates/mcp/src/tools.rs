@@ -252,7 +252,7 @@ Reading a status never performs an effect."
 
 /// The optional `repeat_of` property of a tool under `session_window`. Not material: the
 /// adapter takes it out of the arguments before they are validated and fingerprinted.
-fn add_repeat_of(schema: &mut Map<String, Value>) {
+pub(crate) fn add_repeat_of(schema: &mut Map<String, Value>) {
     let property = json!({
         "type": "string",
         "minLength": 7,
@@ -308,7 +308,10 @@ pub fn describe_with(contract: &Contract, identity: contract::Identity) -> Strin
 }
 
 /// The retry semantics of a tool whose calls are named by the session-window rule.
-fn windowed_semantics(contract: &Contract, window: idemgate_core::duration::Span) -> String {
+pub(crate) fn windowed_semantics(
+    contract: &Contract,
+    window: idemgate_core::duration::Span,
+) -> String {
     let approval = if contract.effect_class == EffectClass::Irreversible {
         "Irreversible: an operation may wait for an operator's approval (`in_flight` with \
 next_action `ask_for_approval`). "
@@ -662,6 +665,59 @@ impl Catalog {
 
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.specs.get(name)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `idemgate wrap`: a child's tools, listed by the child (see `crate::wrapped`).
+
+impl Catalog {
+    /// The status tool, then one entry per child tool, each routed to the contract of the
+    /// same name. The listing itself is the child's; these entries only route calls.
+    pub fn wrapped(
+        names: &[String],
+        contracts: &BTreeMap<String, Arc<Contract>>,
+        server: contract::Identity,
+    ) -> Result<Catalog, Error> {
+        let mut specs = BTreeMap::new();
+        let status = ToolSpec::status();
+        let mut order = vec![status.name.clone()];
+        specs.insert(status.name.clone(), status);
+        for name in names {
+            if RESERVED_TOOLS.contains(&name.as_str()) {
+                return Err(Error::Reserved {
+                    tool: name.clone(),
+                    contract: name.clone(),
+                });
+            }
+            if specs.contains_key(name) {
+                return Err(Error::NameCollision {
+                    tool: name.clone(),
+                    first: name.clone(),
+                    second: name.clone(),
+                });
+            }
+            let spec = ToolSpec {
+                name: name.clone(),
+                contract: Some(name.clone()),
+                title: name.clone(),
+                description: String::new(),
+                input_schema: Map::new(),
+                output_schema: None,
+                hints: Hints::of(EffectClass::KeyBased),
+                meta: None,
+                // As for a contract's tool: only a tool that needs a key has one derived.
+                identity: match contracts.get(name) {
+                    Some(c) if Identity::of(c.effect_class) == Identity::Required => {
+                        crate::identity::effective(c.identity(), server)
+                    }
+                    _ => contract::Identity::Meta,
+                },
+            };
+            order.push(name.clone());
+            specs.insert(name.clone(), spec);
+        }
+        Ok(Catalog { specs, order })
     }
 }
 

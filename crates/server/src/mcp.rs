@@ -299,6 +299,7 @@ pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
         idemgate_mcp::Options {
             fakes,
             identity: args.identity.unwrap_or(config.mcp.identity),
+            ..Default::default()
         },
         serve::shutdown_signal(),
     )

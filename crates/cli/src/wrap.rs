@@ -1,0 +1,389 @@
+//! `idemgate wrap -- <command> [args…]`: any stdio MCP server behind the executor.
+//!
+//! The host (a desktop assistant, an IDE) launches `idemgate wrap`, which starts the child,
+//! lists its tools and serves them over stdio as the child lists them; every `tools/call` is
+//! one delivery to the executor with the child's tool call as the effect
+//! (`idemgate_downstream_mcp`). Resources, prompts and completion pass through unchanged.
+//!
+//! Settings come from flags, then the configuration file (`--config`, TOML, keys below), then
+//! defaults. Relative paths in the file are read from the file's directory.
+//!
+//! ```toml
+//! store = "sqlite://wrap.sqlite"      # default: idemgate-wrap.sqlite beside this file
+//! contracts = ["contracts/*.yaml"]    # optional: a contract per tool, by the tool's name
+//! identity = "session_window:10m"     # or "meta"
+//! tenant = "local"
+//! environment = "local"
+//! actor = "mcp-wrap"
+//! call_timeout = "60s"                # one tool call; past it the outcome is unknown
+//! start_timeout = "30s"               # the child's initialize and tools/list
+//! max_argument_bytes = 1048576        # one call's arguments, serialised
+//! ```
+//!
+//! Without a configuration file the store is a SQLite file of its own per wrapped command
+//! line, in the data directory (`$XDG_DATA_HOME/idemgate/wrap/`, else
+//! `~/.local/share/idemgate/wrap/`): hosts start servers in a directory of their choosing
+//! (often `/` or the home directory), and two different children must never share operation
+//! records under one tool name.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use idemgate_core::contract::Contract;
+use idemgate_core::duration::Span;
+use idemgate_core::store::BoxFuture;
+use idemgate_downstream_mcp::{Child, ChildSpec, McpDownstream, Started, default_contract};
+use idemgate_mcp::assembly::{Assembly, IdentityRule, Local, Recovery, Tool};
+use idemgate_mcp::wrapped::{self, Forwarded, Passthrough, Wrap};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::stores;
+
+/// Flags of `idemgate wrap`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WrapArgs {
+    /// wrap's configuration file (TOML): store, contracts, identity, tenant, environment,
+    /// actor, timeouts. Flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Operation store: `sqlite://PATH` or `postgres://…`. Default: beside the configuration
+    /// file, or one file per wrapped command in the data directory.
+    #[arg(long, value_name = "URL", env = "IDEMGATE_STORE")]
+    pub store: Option<String>,
+    /// How a call without `_meta` is named: `meta` or `session_window[:DURATION]`
+    /// (default `session_window:10m`: the hosts that launch wrap send no `_meta`).
+    #[arg(long, value_name = "RULE")]
+    pub identity: Option<String>,
+    /// Contract files overriding the defaults per tool (the contract's name is the tool's).
+    #[arg(long, value_name = "GLOB", num_args = 1..)]
+    pub contracts: Vec<String>,
+    /// The tenant of every operation.
+    #[arg(long, env = "IDEMGATE_TENANT")]
+    pub tenant: Option<String>,
+    /// The environment part of every operation key.
+    #[arg(long, env = "IDEMGATE_ENVIRONMENT")]
+    pub environment: Option<String>,
+    /// Who is recorded as the actor of each operation.
+    #[arg(long, env = "IDEMGATE_ACTOR")]
+    pub actor: Option<String>,
+    /// How long one tool call may take (`60s`, `5m`); past it its outcome is unknown.
+    #[arg(long, value_name = "DURATION")]
+    pub call_timeout: Option<String>,
+    /// How long the child may take to answer `initialize` and `tools/list` (`30s`).
+    #[arg(long, value_name = "DURATION")]
+    pub start_timeout: Option<String>,
+    /// The child MCP server and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// The configuration file, as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    store: Option<String>,
+    #[serde(default)]
+    contracts: Vec<String>,
+    identity: Option<String>,
+    tenant: Option<String>,
+    environment: Option<String>,
+    actor: Option<String>,
+    call_timeout: Option<String>,
+    start_timeout: Option<String>,
+    max_argument_bytes: Option<usize>,
+}
+
+/// Everything settled: flags over file over defaults.
+#[derive(Debug)]
+struct Settings {
+    store: String,
+    contracts: Vec<String>,
+    identity: IdentityRule,
+    local: Local,
+    call_timeout: Duration,
+    start_timeout: Duration,
+    max_argument_bytes: usize,
+    spec: ChildSpec,
+}
+
+fn duration(what: &str, text: &str) -> anyhow::Result<Duration> {
+    let span = Span::parse(text).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    if span.seconds() == 0 {
+        bail!("{what}: must be longer than zero");
+    }
+    Ok(span.as_duration())
+}
+
+/// A path from the configuration file, read from the file's directory when relative.
+fn beside(base: &Path, path: &str) -> String {
+    if Path::new(path).is_absolute() {
+        path.to_string()
+    } else {
+        base.join(path).display().to_string()
+    }
+}
+
+/// The store URL with a relative SQLite path resolved against `base`.
+fn store_beside(base: &Path, url: &str) -> String {
+    match url.strip_prefix("sqlite://") {
+        Some(path) if !path.is_empty() => format!("sqlite://{}", beside(base, path)),
+        _ => url.to_string(),
+    }
+}
+
+/// The SQLite file of one wrapped command line, in the data directory.
+fn default_store(command: &[String]) -> anyhow::Result<String> {
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")));
+    let Some(data) = data else {
+        bail!("neither XDG_DATA_HOME nor HOME is set: give the store with --store or --config");
+    };
+    let dir = data.join("idemgate").join("wrap");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut hash = Sha256::new();
+    for part in command {
+        hash.update(part.as_bytes());
+        hash.update([0]);
+    }
+    let digest = hash.finalize();
+    let short: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let program = Path::new(&command[0])
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let slug: String = program
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(40)
+        .collect();
+    Ok(format!("sqlite://{}/{slug}-{short}.sqlite", dir.display()))
+}
+
+fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
+    let (file, base) = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let file: FileConfig =
+                toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+            let base = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."));
+            (file, Some(base))
+        }
+        None => (FileConfig::default(), None),
+    };
+    let store = match (&args.store, &file.store, &base) {
+        (Some(url), _, _) => url.clone(),
+        (None, Some(url), Some(base)) => store_beside(base, url),
+        (None, _, Some(base)) => format!("sqlite://{}", beside(base, "idemgate-wrap.sqlite")),
+        (None, _, None) => default_store(&args.command)?,
+    };
+    let contracts = if !args.contracts.is_empty() {
+        args.contracts.clone()
+    } else {
+        let base = base.clone().unwrap_or_else(|| PathBuf::from("."));
+        file.contracts.iter().map(|c| beside(&base, c)).collect()
+    };
+    let identity = match args.identity.as_deref().or(file.identity.as_deref()) {
+        Some(text) => text
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--identity: {e}"))?,
+        None => IdentityRule::SessionWindow(IdentityRule::DEFAULT_WINDOW),
+    };
+    let call_timeout = match args
+        .call_timeout
+        .as_deref()
+        .or(file.call_timeout.as_deref())
+    {
+        Some(t) => duration("call_timeout", t)?,
+        None => Duration::from_secs(60),
+    };
+    let start_timeout = match args
+        .start_timeout
+        .as_deref()
+        .or(file.start_timeout.as_deref())
+    {
+        Some(t) => duration("start_timeout", t)?,
+        None => Duration::from_secs(30),
+    };
+    let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
+        flag.clone()
+            .or_else(|| file.clone())
+            .unwrap_or_else(|| default.to_string())
+    };
+    let local = Local {
+        tenant: pick(&args.tenant, &file.tenant, "local"),
+        environment: pick(&args.environment, &file.environment, "local"),
+        actor: pick(&args.actor, &file.actor, "mcp-wrap"),
+        identity,
+    };
+    let mut spec = ChildSpec::new(args.command[0].clone(), args.command[1..].to_vec());
+    spec.call_timeout = call_timeout;
+    spec.start_timeout = start_timeout;
+    Ok(Settings {
+        store,
+        contracts,
+        identity,
+        local,
+        call_timeout,
+        start_timeout,
+        max_argument_bytes: file
+            .max_argument_bytes
+            .unwrap_or(idemgate_downstream_mcp::DEFAULT_MAX_ARGUMENT_BYTES),
+        spec,
+    })
+}
+
+/// The child as the MCP face's pass-through.
+struct ChildPassthrough {
+    child: Arc<Child>,
+    started: Started,
+}
+
+impl Passthrough for ChildPassthrough {
+    fn capabilities(&self) -> Value {
+        self.started.capabilities.clone()
+    }
+
+    fn instructions(&self) -> Option<String> {
+        self.started.instructions.clone()
+    }
+
+    fn forward<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, Forwarded>> {
+        Box::pin(async move {
+            self.child
+                .forward(method, params)
+                .await
+                .map_err(|e| Forwarded {
+                    code: e.code,
+                    message: e.message,
+                    data: e.data,
+                })
+        })
+    }
+}
+
+/// The contract of each listed tool: the file's where one names it, else the defaults from
+/// its annotations (with one warning on stderr per tool). A contract naming no listed tool is
+/// an error: it would silently protect nothing.
+fn contracts_for(
+    child: &str,
+    tools: &[Map<String, Value>],
+    files: Vec<Arc<Contract>>,
+    lease_seconds: u64,
+) -> anyhow::Result<Vec<Arc<Contract>>> {
+    let names: Vec<&str> = tools
+        .iter()
+        .filter_map(|t| t.get("name").and_then(Value::as_str))
+        .collect();
+    if let Some(stray) = files.iter().find(|c| !names.contains(&c.name.as_str())) {
+        bail!(
+            "contract `{}` names no tool of the child `{child}` (it lists: {})",
+            stray.name,
+            names.join(", ")
+        );
+    }
+    let mut out = Vec::new();
+    for tool in tools {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        if let Some(contract) = files.iter().find(|c| c.name == name) {
+            out.push(contract.clone());
+            continue;
+        }
+        let contract = default_contract(tool, lease_seconds).map_err(|e| {
+            anyhow::anyhow!(
+                "tool `{name}` of the child `{child}` cannot run under default contracts: {}{}",
+                e.field
+                    .as_deref()
+                    .map(|f| format!("{f}: "))
+                    .unwrap_or_default(),
+                e.message
+            )
+        })?;
+        eprintln!(
+            "{}",
+            idemgate_downstream_mcp::defaults::warning(child, name, contract.effect_class)
+        );
+        out.push(contract);
+    }
+    Ok(out)
+}
+
+/// Runs `idemgate wrap` until the host closes stdin, or Ctrl-C / SIGTERM.
+pub async fn run(args: WrapArgs) -> anyhow::Result<()> {
+    let settings = settle(args)?;
+    let files = if settings.contracts.is_empty() {
+        Vec::new()
+    } else {
+        idemgate_mcp::cli::load_contracts(&settings.contracts)?
+    };
+    let shown = settings.spec.display();
+    let (child, started) = Child::start(settings.spec.clone()).await?;
+    let result = serve(&settings, files, child.clone(), started).await;
+    child.shutdown().await;
+    result.with_context(|| format!("wrapping `{shown}`"))
+}
+
+async fn serve(
+    settings: &Settings,
+    files: Vec<Arc<Contract>>,
+    child: Arc<Child>,
+    started: Started,
+) -> anyhow::Result<()> {
+    let shown = settings.spec.display();
+    wrapped::check_names(&shown, &started.tools)?;
+    // The executor renews the lease at a third of its length while a call runs, so it need
+    // not outlast the call; it bounds how soon a wrap that died mid-call is recovered.
+    let lease = settings.call_timeout.as_secs().clamp(10, 600);
+    let contracts = contracts_for(&shown, &started.tools, files, lease)?;
+    let mut tools = Vec::new();
+    let mut listed = Vec::new();
+    for (tool, contract) in started.tools.iter().zip(&contracts) {
+        let downstream = McpDownstream::new(child.clone(), contract.name.clone())
+            .with_max_argument_bytes(settings.max_argument_bytes);
+        tools.push(Tool {
+            contract: contract.clone(),
+            downstream: Arc::new(downstream),
+        });
+        listed.push(wrapped::listed(tool, contract));
+    }
+    let store = stores::open(&settings.store).await?;
+    tracing::info!(
+        child = %shown,
+        tools = tools.len(),
+        store = %settings.store,
+        start_timeout_seconds = settings.start_timeout.as_secs(),
+        "wrapping a child MCP server over stdio"
+    );
+    let assembly = Assembly::new(
+        settings.local.clone(),
+        store,
+        None,
+        tools,
+        Recovery::default(),
+    )?;
+    let options = idemgate_mcp::Options {
+        wrap: Some(Wrap {
+            child: Arc::new(ChildPassthrough { child, started }),
+            tools: listed,
+        }),
+        identity: settings.identity,
+        ..Default::default()
+    };
+    assembly
+        .serve_stdio(options, idemgate_server::serve::shutdown_signal())
+        .await?;
+    Ok(())
+}

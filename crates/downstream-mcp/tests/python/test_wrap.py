@@ -1,0 +1,434 @@
+"""`idemgate wrap -- python child.py` driven by the official MCP Python SDK (`mcp` on PyPI).
+
+The child (child.py beside this file) is the system of record: it appends one line per effect
+to its own effects file before it answers, so every test counts effects on the child's side,
+separately from what idemgate answered. The store is a fresh SQLite file per test, read with
+sqlite3 where a test asserts that a record exists or not.
+
+Run: `IDEMGATE_BIN=… pytest crates/downstream-mcp/tests/python` (see scripts/ci-wrap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+IDEMGATE = Path(os.environ.get("IDEMGATE_BIN", TARGET / "debug" / "idemgate"))
+CHILD = HERE / "child.py"
+PYTHON = sys.executable
+OPERATION = "io.idemgate/operation"
+STATUS = "idemgate_operation_status"
+CHILD_TOOLS = ["create_ticket", "hang", "fail_ticket", "get_ticket", "purge_tickets"]
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+anyio_backend = pytest.fixture(lambda: "asyncio", name="anyio_backend")
+
+
+def meta(step: str, workflow: str = "") -> dict[str, Any]:
+    """The `_meta` an agent runtime sends: a fresh workflow unless one is named."""
+    identity = {"workflow_id": workflow or "wf-" + uuid.uuid4().hex, "step_id": step}
+    return {OPERATION: identity}
+
+
+class World:
+    """One test's child effects file and store."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.effects_file = tmp / "effects.log"
+        self.store = tmp / "wrap.sqlite"
+
+    def effects(self, kind: str | None = None) -> list[str]:
+        if not self.effects_file.exists():
+            return []
+        lines = self.effects_file.read_text().splitlines()
+        return [l for l in lines if kind is None or l.startswith(f"{kind}\t")]
+
+    def reads(self) -> int:
+        reads = Path(f"{self.effects_file}.reads")
+        return len(reads.read_text().splitlines()) if reads.exists() else 0
+
+    def child_pid(self) -> int:
+        return int(Path(f"{self.effects_file}.pid").read_text())
+
+    def records(self, tool: str | None = None) -> list[tuple[str, str]]:
+        if not self.store.exists():
+            return []
+        with contextlib.closing(sqlite3.connect(self.store)) as db:
+            rows = db.execute("SELECT tool, status FROM operations").fetchall()
+        return [r for r in rows if tool is None or r[0] == tool]
+
+    def args(self, *extra: str) -> list[str]:
+        return ["wrap", "--store", f"sqlite://{self.store}", *extra, "--",
+                PYTHON, str(CHILD), "--effects", str(self.effects_file)]
+
+    @contextlib.asynccontextmanager
+    async def connect(self, *extra: str) -> AsyncIterator[Client]:
+        params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra),
+                                       env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+        async with Client(params) as client:
+            yield client
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+async def test_tools_are_listed_with_the_childs_names_schemas_and_annotations(world: World):
+    # The child itself, without idemgate, is the reference.
+    direct = StdioServerParameters(command=PYTHON, args=[str(CHILD), "--effects", str(world.tmp / "direct.log")])
+    async with Client(direct) as client:
+        theirs = {t.name: t for t in (await client.list_tools()).tools}
+    async with world.connect() as client:
+        ours = {t.name: t for t in (await client.list_tools()).tools}
+    assert list(ours) == [STATUS, *CHILD_TOOLS]
+    for name in CHILD_TOOLS:
+        assert ours[name].input_schema == theirs[name].input_schema, name
+        assert ours[name].annotations == theirs[name].annotations, name
+        assert ours[name].description.startswith(theirs[name].description), name
+        contract = ours[name].meta["io.idemgate/contract"]
+        assert contract["name"] == name
+    classes = {n: ours[n].meta["io.idemgate/contract"]["effect_class"] for n in CHILD_TOOLS}
+    assert classes == {"create_ticket": "key_based", "hang": "key_based", "fail_ticket": "key_based",
+                       "get_ticket": "read", "purge_tickets": "irreversible"}
+
+
+async def test_repeated_calls_with_meta_give_one_effect(world: World):
+    step = meta("open")
+    async with world.connect() as client:
+        statuses = []
+        for _ in range(3):
+            result = await client.call_tool("create_ticket", {"subject": "printer"}, meta=step)
+            statuses.append(result.structured_content["status"])
+            assert "ticket T-1 opened: printer" in result.content[0].text
+        assert statuses == ["applied", "replayed", "replayed"]
+        # Another step of the same workflow is another operation: a second effect.
+        other = await client.call_tool("create_ticket", {"subject": "printer"},
+                                       meta=meta("open-again", step[OPERATION]["workflow_id"]))
+        assert other.structured_content["status"] == "applied"
+    # A new wrap process (and a new child) replays from the store: no third effect.
+    async with world.connect() as client:
+        again = await client.call_tool("create_ticket", {"subject": "printer"}, meta=step)
+        assert again.structured_content["status"] == "replayed"
+    assert len(world.effects("create")) == 2
+    # The same operation with different arguments is refused, and sends nothing.
+    async with world.connect() as client:
+        changed = await client.call_tool("create_ticket", {"subject": "scanner"}, meta=step)
+        assert changed.is_error
+        assert changed.structured_content["error"]["code"] == "idempotency_key_reused_with_different_request"
+    assert len(world.effects("create")) == 2
+
+
+async def wait_for(predicate, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await anyio.sleep(0.05)
+
+
+async def test_a_child_killed_mid_call_ends_unknown_and_is_never_resent(world: World):
+    step = meta("hang")
+    async with world.connect() as client:
+        started_pid = world.child_pid()
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await client.call_tool("hang", {"subject": "lost"}, meta=step))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            # The child has performed its effect and blocks; kill it before it answers.
+            await wait_for(lambda: len(world.effects("hang")) == 1)
+            os.kill(started_pid, signal.SIGKILL)
+        outcome = results[0].structured_content
+        assert outcome["status"] == "unknown", outcome
+        assert outcome["next_action"] == "reconcile"
+        assert outcome["safe_to_repeat"] is False
+        assert results[0].is_error
+        # A retry of the same operation is not resent to the restarted child.
+        retry = await client.call_tool("hang", {"subject": "lost"}, meta=step)
+        assert retry.structured_content["status"] == "unknown", retry.structured_content
+        # The child was started again: a new operation reaches the new process.
+        fresh = await client.call_tool("create_ticket", {"subject": "after"}, meta=meta("after"))
+        assert fresh.structured_content["status"] == "applied"
+        assert world.child_pid() != started_pid
+    assert len(world.effects("hang")) == 1
+    assert ("hang", "unknown") in world.records("hang")
+
+
+async def test_a_child_that_hangs_past_the_timeout_ends_unknown_and_is_never_resent(world: World):
+    step = meta("slow")
+    async with world.connect("--call-timeout", "2s") as client:
+        started = time.monotonic()
+        first = await client.call_tool("hang", {"subject": "slow"}, meta=step)
+        assert time.monotonic() - started < 30
+        assert first.structured_content["status"] == "unknown", first.structured_content
+        retry = await client.call_tool("hang", {"subject": "slow"}, meta=step)
+        assert retry.structured_content["status"] == "unknown", retry.structured_content
+    assert len(world.effects("hang")) == 1
+    assert world.records("hang") == [("hang", "unknown")]
+
+
+async def test_wrap_killed_mid_call_is_recovered_as_unknown_by_the_next_wrap(world: World):
+    """SIGKILL of idemgate wrap itself while the child performs the effect: the record is left
+    pending with the dispatch marker; the next wrap on the same store recovers it (after the
+    lease, 10 s with a 2 s call timeout) as unknown, and never sends it again."""
+    step = meta("crash")
+    try:
+        async with world.connect("--call-timeout", "2s") as client:
+            async with anyio.create_task_group() as tg:
+                async def call() -> None:
+                    with contextlib.suppress(Exception):
+                        await client.call_tool("hang", {"subject": "crash"}, meta=step)
+
+                tg.start_soon(call)
+                await wait_for(lambda: len(world.effects("hang")) == 1)
+                os.kill(int(Path(f"{world.effects_file}.ppid").read_text()), signal.SIGKILL)
+                os.kill(world.child_pid(), signal.SIGKILL)
+    except Exception:  # the client sees its server vanish
+        pass
+    assert world.records("hang") == [("hang", "pending")]
+    async with world.connect("--call-timeout", "2s") as client:
+        deadline = time.monotonic() + 40
+        while True:
+            result = await client.call_tool("hang", {"subject": "crash"}, meta=step)
+            status = result.structured_content["status"]
+            if status != "in_flight" or time.monotonic() > deadline:
+                break
+            await anyio.sleep(1)
+        assert status == "unknown", result.structured_content
+    assert len(world.effects("hang")) == 1
+    assert world.records("hang") == [("hang", "unknown")]
+
+
+async def test_a_malformed_answer_mid_call_ends_unknown_and_is_never_resent(world: World):
+    malformed = HERE / "malformed_child.py"
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["wrap", "--store", f"sqlite://{world.store}", "--call-timeout", "3s", "--",
+              PYTHON, str(malformed), "--effects", str(world.effects_file)],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    step = meta("garbled")
+    async with Client(params) as client:
+        first = await client.call_tool("create_ticket", {"subject": "garbled"}, meta=step)
+        assert first.structured_content["status"] == "unknown", first.structured_content
+        retry = await client.call_tool("create_ticket", {"subject": "garbled"}, meta=step)
+        assert retry.structured_content["status"] == "unknown", retry.structured_content
+    assert world.effects("create") == ["create\tgarbled"]
+    assert world.records() == [("create_ticket", "unknown")]
+
+
+async def test_a_read_only_tool_passes_through_without_a_record(world: World):
+    async with world.connect() as client:
+        for _ in range(2):
+            result = await client.call_tool("get_ticket", {"number": 7})
+            assert not result.is_error
+            assert result.content[0].text == "ticket T-7"
+            assert result.structured_content["status"] == "applied"
+            assert result.structured_content["operation_key"] is None
+    assert world.reads() == 2
+    assert world.records() == []
+
+
+async def test_a_key_based_call_without_identity_sends_nothing(world: World):
+    # Until the session-window identity lands in the MCP face, wrap names operations by _meta.
+    async with world.connect("--identity", "meta") as client:
+        result = await client.call_tool("create_ticket", {"subject": "anonymous"})
+        assert result.is_error
+        assert result.structured_content["error"]["code"] == "missing_operation_key"
+    assert world.effects() == []
+    assert world.records() == []
+
+
+async def test_a_childs_error_answer_is_recorded_and_replayed_not_resent(world: World):
+    step = meta("fail")
+    async with world.connect() as client:
+        first = await client.call_tool("fail_ticket", {"subject": "boom"}, meta=step)
+        second = await client.call_tool("fail_ticket", {"subject": "boom"}, meta=step)
+    for result in (first, second):
+        assert result.is_error
+        assert "answered with an error" in result.content[-1].text
+        assert result.structured_content["result"]["isError"] is True
+    assert [first.structured_content["status"], second.structured_content["status"]] == ["applied", "replayed"]
+    assert len(world.effects("fail")) == 1
+
+
+async def test_a_destructive_tool_waits_for_approval_and_sends_nothing(world: World):
+    async with world.connect() as client:
+        result = await client.call_tool("purge_tickets", {}, meta=meta("purge"))
+    outcome = result.structured_content
+    assert outcome["status"] == "in_flight", outcome
+    assert outcome["next_action"] == "ask_for_approval"
+    assert world.effects("purge") == []
+    assert world.records("purge_tickets") == [("purge_tickets", "awaiting_approval")]
+
+
+async def test_resources_and_prompts_pass_through(world: World):
+    async with world.connect() as client:
+        await client.call_tool("create_ticket", {"subject": "one"}, meta=meta("one"))
+        resources = await client.list_resources()
+        assert [str(r.uri) for r in resources.resources] == ["tickets://count"]
+        read = await client.read_resource("tickets://count")
+        assert read.contents[0].text == "1"
+        prompts = await client.list_prompts()
+        assert [p.name for p in prompts.prompts] == ["triage"]
+        prompt = await client.get_prompt("triage", {"subject": "printer"})
+        assert "printer" in prompt.messages[0].content.text
+
+
+async def test_an_over_long_argument_is_refused_naming_the_tool_and_child(world: World):
+    big = "x" * (2 << 20)
+    async with world.connect() as client:
+        result = await client.call_tool("create_ticket", {"subject": big}, meta=meta("big"))
+        error = result.structured_content["error"]
+        assert error["code"] == "invalid_arguments", error
+        assert "create_ticket" in error["message"] and "child.py" in error["message"]
+        assert result.structured_content["safe_to_repeat"] is True
+        # Nothing is lost: the next call works.
+        ok = await client.call_tool("create_ticket", {"subject": "small"}, meta=meta("small"))
+        assert ok.structured_content["status"] == "applied"
+    assert world.effects("create") == ["create\tsmall"]
+    assert [t for t, _ in world.records()] == ["create_ticket"]
+
+
+def run_wrap(*command: str, extra: tuple[str, ...] = (), store: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(IDEMGATE), "wrap", "--store", f"sqlite://{store}",
+                           "--start-timeout", "3s", *extra, "--", *command],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("case", ["exits", "not_mcp", "missing", "collides"])
+def test_a_bad_child_is_a_clear_error_naming_it(world: World, case: str):
+    command = {
+        "exits": [PYTHON, "-c", "import sys; sys.exit(3)"],
+        "not_mcp": [PYTHON, "-c", "import time; print('hello, I am not MCP', flush=True); time.sleep(20)"],
+        "missing": [str(world.tmp / "no-such-server")],
+        "collides": [PYTHON, str(CHILD), "--effects", str(world.effects_file), "--collide"],
+    }[case]
+    done = run_wrap(*command, store=world.store)
+    assert done.returncode == 2, done
+    assert done.stdout == "", "nothing but the protocol on stdout"
+    message = done.stderr
+    assert command[0] in message or command[-1] in message, message
+    expected = {
+        "exits": r"not an MCP server, or exited at start",
+        "not_mcp": r"not an MCP server|did not answer `initialize` within 3 s",
+        "missing": r"could not be started",
+        "collides": r"tool `idemgate_operation_status` of the child .*idemgate's own tool",
+    }[case]
+    assert re.search(expected, message), message
+    assert world.records() == []
+
+
+def test_a_contract_naming_no_tool_of_the_child_is_an_error(world: World):
+    contract = world.tmp / "stray.yaml"
+    contract.write_text((ROOT / "contracts" / "tickets.create.yaml").read_text())
+    done = run_wrap(PYTHON, str(CHILD), "--effects", str(world.effects_file),
+                    extra=("--contracts", str(contract)), store=world.store)
+    assert done.returncode == 2, done
+    assert "names no tool of the child" in done.stderr and "create_ticket" in done.stderr, done.stderr
+
+
+async def test_a_contract_file_overrides_the_defaults_per_tool(world: World):
+    # A contract for `get_ticket` as key-based: the read now needs an operation and is recorded.
+    contract = world.tmp / "get_ticket.yaml"
+    contract.write_text(
+        "name: get_ticket\nversion: \"7\"\npurpose: Reads a ticket.\neffect_class: key_based\n"
+        "operation_key:\n  supplied_by: application\n  scope: [tenant, environment, workflow_id, step_id]\n"
+        "input_schema:\n  type: object\n  properties:\n    number: {type: integer}\n  required: [number]\n"
+        "request_fingerprint:\n  fields: [number]\n"
+        "retention:\n  record_ttl: 1d\n  tombstone_ttl: 2d\n  max_retry_window: 1d\n")
+    config = world.tmp / "wrap.toml"
+    config.write_text(f'contracts = ["{contract.name}"]\nidentity = "meta"\n')
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["wrap", "--config", str(config), "--", PYTHON, str(CHILD), "--effects", str(world.effects_file)],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    step = meta("read")
+    async with Client(params) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert tools["get_ticket"].meta["io.idemgate/contract"]["version"] == "7"
+        for expect in ["applied", "replayed"]:
+            result = await client.call_tool("get_ticket", {"number": 3}, meta=step)
+            assert result.structured_content["status"] == expect
+    assert world.reads() == 1
+    # The store defaults to a file beside the configuration.
+    db = world.tmp / "idemgate-wrap.sqlite"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT tool FROM operations").fetchall() == [("get_ticket",)]
+
+
+async def test_a_published_server_behind_wrap(world: World):
+    """`mcp-server-time` from PyPI (installed by scripts/ci-wrap), offline."""
+    pytest.importorskip("mcp_server_time")
+    params = StdioServerParameters(
+        command=str(IDEMGATE), args=["wrap", "--store", f"sqlite://{world.store}", "--", PYTHON, "-m", "mcp_server_time"],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    async with Client(params) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert names[0] == STATUS and "get_current_time" in names
+        result = await client.call_tool("get_current_time", {"timezone": "UTC"})
+        assert result.structured_content["status"] == "applied"
+        assert json.loads(result.content[0].text)["timezone"] == "UTC"
+    # Its tools say readOnlyHint: passed through, nothing recorded.
+    assert world.records() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration snippets of docs/mcp.md, launched exactly as written.
+
+def snippet(marker: str) -> dict[str, Any]:
+    """The JSON block after `<!-- snippet: NAME -->` in docs/mcp.md."""
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    found = re.search(rf"<!-- snippet: {marker} -->\s*```json\n(.*?)```", text, re.S)
+    assert found, f"docs/mcp.md has no snippet {marker}"
+    return json.loads(found.group(1))
+
+
+@pytest.mark.parametrize("marker,path", [("desktop", ("mcpServers", "tickets")),
+                                         ("ide", ("servers", "tickets"))])
+async def test_the_documented_snippets_launch_as_written(world: World, tmp_path: Path, marker: str, path):
+    entry = snippet(marker)
+    for part in path:
+        entry = entry[part]
+    command, args = entry["command"], entry["args"]
+    assert command == "idemgate" and args[:1] == ["wrap"] and "--" in args
+    # `idemgate` and `python` are found on PATH, as a host finds them; the command line is the
+    # snippet's, unchanged. The snippet's server is the published mcp-server-time.
+    pytest.importorskip("mcp_server_time")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "idemgate").symlink_to(IDEMGATE)
+    home = tmp_path / "home"
+    home.mkdir()
+    # The test's virtual environment provides `python` (with mcp_server_time installed).
+    env = {"PATH": f"{bin_dir}:{Path(PYTHON).parent}:{os.environ['PATH']}", "HOME": str(home),
+           "RUST_LOG": "warn"}
+    async with Client(StdioServerParameters(command=command, args=args, env=env)) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "get_current_time" in names
+        result = await client.call_tool("get_current_time", {"timezone": "Europe/Paris"})
+        assert result.structured_content["status"] == "applied"
+    # Without --store or --config the store is one file per command line in the data dir.
+    stores = list((home / ".local/share/idemgate/wrap").glob("python-*.sqlite"))
+    assert len(stores) == 1, stores
