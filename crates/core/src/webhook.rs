@@ -31,6 +31,9 @@ pub enum Disposition {
     NotPending,
     /// The event names an operation key of another tenant than its source's: nothing changed.
     OtherTenant,
+    /// The event names an operation key that has no record here (or of another environment):
+    /// nothing changed.
+    UnknownOperation,
     /// Its outcome value is neither a success nor a failure the source maps (a progress
     /// event, say): nothing changed.
     Ignored,
@@ -41,13 +44,14 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    pub const ALL: [Disposition; 8] = [
+    pub const ALL: [Disposition; 9] = [
         Disposition::Applied,
         Disposition::Failed,
         Disposition::AlreadySettled,
         Disposition::SettledDifferently,
         Disposition::NotPending,
         Disposition::OtherTenant,
+        Disposition::UnknownOperation,
         Disposition::Ignored,
         Disposition::Early,
     ];
@@ -60,6 +64,7 @@ impl Disposition {
             Disposition::SettledDifferently => "settled_differently",
             Disposition::NotPending => "not_pending",
             Disposition::OtherTenant => "other_tenant",
+            Disposition::UnknownOperation => "unknown_operation",
             Disposition::Ignored => "ignored",
             Disposition::Early => "early",
         }

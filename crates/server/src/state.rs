@@ -28,6 +28,7 @@ pub(crate) struct Inner {
     pub mcp_hosts: Vec<String>,
     /// The start of problem type URIs, when configured (`public_url`).
     pub problem_base: Option<ProblemBase>,
+    pub webhooks: crate::webhooks::Sources,
 }
 
 /// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
@@ -42,6 +43,7 @@ pub struct Gateway {
     settings: Settings,
     mcp_hosts: Vec<String>,
     problem_base: Option<ProblemBase>,
+    webhooks: crate::webhooks::Sources,
 }
 
 impl Gateway {
@@ -60,6 +62,7 @@ impl Gateway {
                     .expect("the default address parses"),
             ),
             problem_base: None,
+            webhooks: crate::webhooks::Sources::default(),
         }
     }
 
@@ -100,6 +103,12 @@ impl Gateway {
 
     /// Wraps the store and every downstream for metrics, and builds the executor whose
     /// authorizer dispatches to each tool's hook.
+    /// The webhook sources served at `POST /v1/webhooks/{source}`.
+    pub fn webhooks(mut self, sources: crate::webhooks::Sources) -> Gateway {
+        self.webhooks = sources;
+        self
+    }
+
     pub fn build(self) -> AppState {
         // Install the recorder before the first metric is touched.
         let _ = crate::metrics::handle();
@@ -121,6 +130,7 @@ impl Gateway {
                 limits: self.limits,
                 mcp_hosts: self.mcp_hosts,
                 problem_base: self.problem_base,
+                webhooks: self.webhooks,
             }),
         }
     }
