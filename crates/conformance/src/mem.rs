@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus};
-use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Expect, Filter, RequestUpdate, Store, SweepReport,
     Transition, due_at,
 };
+use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
 
 /// The worker name on `expired` events appended by a sweep.
 pub const SWEEPER: &str = "sweeper";

@@ -64,7 +64,11 @@ pub fn job_record(key_text: &str, job: &str) -> Record {
 }
 
 async fn claimed<S: Store>(store: &S, r: Record) -> Record {
-    match store.claim(r, Vec::new()).await.expect("the claim is stored") {
+    match store
+        .claim(r, Vec::new())
+        .await
+        .expect("the claim is stored")
+    {
         Claimed::Inserted(r) => r,
         other => panic!("expected a new record, got {other:?}"),
     }
@@ -157,7 +161,12 @@ pub async fn lost_transition_writes_no_event<S: Store>(store: S) {
     t.webhook = Some(event("msg_3", Disposition::Applied, Some("j3")));
     assert!(matches!(store.transition(t).await.unwrap(), Cas::Lost(_)));
     assert_eq!(
-        store.webhook("jobs", "msg_3").await.unwrap().unwrap().disposition,
+        store
+            .webhook("jobs", "msg_3")
+            .await
+            .unwrap()
+            .unwrap()
+            .disposition,
         Disposition::Early
     );
 }
@@ -202,7 +211,12 @@ pub async fn concurrent_deliveries_of_one_event_transition_once<S: Store>(store:
         .count();
     assert_eq!(acknowledged, 1, "one transition in the trace");
     assert_eq!(
-        store.webhook("jobs", "msg_4").await.unwrap().unwrap().disposition,
+        store
+            .webhook("jobs", "msg_4")
+            .await
+            .unwrap()
+            .unwrap()
+            .disposition,
         Disposition::Applied
     );
 }
@@ -210,10 +224,17 @@ pub async fn concurrent_deliveries_of_one_event_transition_once<S: Store>(store:
 pub async fn pending_job_is_found_by_tenant_and_id<S: Store>(store: S) {
     let r = claimed(&store, job_record("acme:prod:wf-w5:s1", "j5")).await;
     claimed(&store, job_record("other:prod:wf-w5:s1", "j5-other")).await;
-    assert_eq!(store.pending_job("acme", "j5").await.unwrap(), Some(r.clone()));
+    assert_eq!(
+        store.pending_job("acme", "j5").await.unwrap(),
+        Some(r.clone())
+    );
     assert_eq!(store.pending_job("other", "j5").await.unwrap(), None);
     assert_eq!(store.pending_job("acme", "j5-other").await.unwrap(), None);
-    let Cas::Done(_) = store.transition(step(&r, applied("R-5"), 2_000)).await.unwrap() else {
+    let Cas::Done(_) = store
+        .transition(step(&r, applied("R-5"), 2_000))
+        .await
+        .unwrap()
+    else {
         panic!("settles");
     };
     assert_eq!(
@@ -242,7 +263,13 @@ pub async fn webhooks_for_job_lists_the_tenants_rows<S: Store>(store: S) {
         store.webhooks_for_job("acme", "j6").await.unwrap(),
         vec![first, second]
     );
-    assert!(store.webhooks_for_job("acme", "j7").await.unwrap().is_empty());
+    assert!(
+        store
+            .webhooks_for_job("acme", "j7")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn sweep_deletes_rows_past_their_window<S: Store>(store: S) {

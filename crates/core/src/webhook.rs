@@ -71,7 +71,10 @@ impl Disposition {
     }
 
     pub fn parse(text: &str) -> Option<Disposition> {
-        Disposition::ALL.iter().copied().find(|d| d.as_str() == text)
+        Disposition::ALL
+            .iter()
+            .copied()
+            .find(|d| d.as_str() == text)
     }
 
     /// Whether the event caused a transition.

@@ -200,8 +200,6 @@ impl Executor {
 
     /// Deletes up to `limit` webhook events whose retention has passed.
     pub async fn sweep_webhooks(&self, limit: usize) -> Result<u64, store::Error> {
-        self.store()
-            .sweep_webhooks(self.clock().now(), limit)
-            .await
+        self.store().sweep_webhooks(self.clock().now(), limit).await
     }
 }

@@ -10,7 +10,6 @@
 //! Keys, fingerprints, references, statuses and the trace stay in the clear: the executor and
 //! the stores decide on them, and none of them carries a request body.
 
-use idemgate_core::webhook::{Recorded, WebhookEvent};
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use idemgate_core::key::OperationKey;
@@ -18,6 +17,7 @@ use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
 };
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use serde_json::Value;
 
 /// Marks a sealed value; the version names the cipher and the layout (nonce ‖ ciphertext).

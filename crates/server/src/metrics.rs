@@ -239,7 +239,11 @@ impl Store for MeteredStore {
         self.inner.pending_job(tenant, job_id)
     }
 
-    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, store::Error>> {
+    fn sweep_webhooks(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<u64, store::Error>> {
         self.inner.sweep_webhooks(now, limit)
     }
 }

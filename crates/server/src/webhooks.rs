@@ -124,9 +124,8 @@ impl Sources {
             check(name, c).map_err(fail)?;
             let mut secrets = Vec::new();
             for var in &c.secret_envs {
-                let value = env(var).ok_or_else(|| {
-                    fail(format!("the environment variable {var} is not set"))
-                })?;
+                let value = env(var)
+                    .ok_or_else(|| fail(format!("the environment variable {var} is not set")))?;
                 let secret = standardwebhooks::Webhook::new(value.trim()).map_err(|e| {
                     fail(format!(
                         "the secret in {var} is not a Standard Webhooks secret \
@@ -312,7 +311,10 @@ impl Source {
                 return Err(Unverified::Signature);
             };
             let expected = expected.split_once(',').map_or("", |(_, s)| s);
-            if offered.iter().any(|s| same(s.as_bytes(), expected.as_bytes())) {
+            if offered
+                .iter()
+                .any(|s| same(s.as_bytes(), expected.as_bytes()))
+            {
                 return Ok(Verified {
                     event_id: event_id.to_string(),
                     timestamp,
@@ -501,8 +503,7 @@ pub async fn receive(
 }
 
 fn refused(source: &Source, reason: &'static str, event_id: Option<&HeaderValue>) {
-    metrics::counter!(REFUSALS, "source" => source.name.clone(), "reason" => reason)
-        .increment(1);
+    metrics::counter!(REFUSALS, "source" => source.name.clone(), "reason" => reason).increment(1);
     let event_id: String = event_id
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
@@ -674,11 +675,9 @@ mod tests {
     #[test]
     fn configuration_errors_name_the_source_and_the_variable() {
         let mut c = config();
-        let e = Sources::with_env(&BTreeMap::from([("jobs".to_string(), c.clone())]), |_| {
-            None
-        })
-        .err()
-        .unwrap();
+        let e = Sources::with_env(&BTreeMap::from([("jobs".to_string(), c.clone())]), |_| None)
+            .err()
+            .unwrap();
         assert!(e.contains("webhooks.jobs") && e.contains("OLD"), "{e}");
         c.key_pointer = Some("/key".into());
         let e = Sources::with_env(&BTreeMap::from([("jobs".to_string(), c)]), |_| {
@@ -686,7 +685,10 @@ mod tests {
         })
         .err()
         .unwrap();
-        assert!(e.contains("exactly one of job_id_pointer and key_pointer"), "{e}");
+        assert!(
+            e.contains("exactly one of job_id_pointer and key_pointer"),
+            "{e}"
+        );
     }
 
     #[test]

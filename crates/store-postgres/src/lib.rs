@@ -39,9 +39,9 @@ mod batch;
 mod conn;
 pub mod migrate;
 mod sql;
-mod webhooks;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -711,9 +711,9 @@ async fn claim_with(
 /// `None` when the expectation no longer held. Its own implicit transaction (`kind` a write),
 /// or a statement of an explicit one (`kind` a read, for nothing commits before the COMMIT).
 pub(crate) async fn transition_with(
-conn: &mut Conn,
-kind: Kind,
-t: &Transition,
+    conn: &mut Conn,
+    kind: Kind,
+    t: &Transition,
 ) -> Result<Option<Record>, store::Error> {
     let mut next = Row::default();
     next.set_state(&t.next);
@@ -764,7 +764,10 @@ t: &Transition,
 
 /// Reads one record on an already checked-out connection (a statement of its own, hence a
 /// fresh snapshot).
-pub(crate) async fn get_with(conn: &mut Conn, key: &OperationKey) -> Result<Option<Record>, store::Error> {
+pub(crate) async fn get_with(
+    conn: &mut Conn,
+    key: &OperationKey,
+) -> Result<Option<Record>, store::Error> {
     let rows = conn
         .run(Kind::Read, sql::GET, &[&key.tenant(), &key.as_str()])
         .await?;
@@ -896,10 +899,7 @@ impl Store for PgStore {
         Box::pin(self.webhook_event(source, event_id))
     }
 
-    fn record_webhook(
-        &self,
-        event: WebhookEvent,
-    ) -> BoxFuture<'_, Result<Recorded, store::Error>> {
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, store::Error>> {
         Box::pin(self.record_webhook_event(event))
     }
 

@@ -85,7 +85,9 @@ impl Executor {
             return Ok(redelivered(seen));
         }
         let Some(finish) = event.finish.clone() else {
-            return self.record_event(&event, None, Disposition::Ignored, None).await;
+            return self
+                .record_event(&event, None, Disposition::Ignored, None)
+                .await;
         };
         let mut record = match self.bind(&event).await? {
             Bound::Record(record) => record,
@@ -117,7 +119,10 @@ impl Executor {
             }
         };
         for _ in 0..REBINDS {
-            match self.settle_by_event(contracts, &event, &record, &finish).await? {
+            match self
+                .settle_by_event(contracts, &event, &record, &finish)
+                .await?
+            {
                 Applied::Done(answer) => return Ok(answer),
                 Applied::Moved(now) => record = now,
                 Applied::Gone => {
@@ -173,7 +178,13 @@ impl Executor {
                         event_id = %row.event_id,
                         "an early webhook event finished the job once its id was recorded"
                     );
-                    return Some(machine::status_outcome(Some(contract), &r, self.now()));
+                    // This delivery's operation took effect just now: applied, not replayed.
+                    return Some(match r.state {
+                        RecordState::Applied(receipt) => {
+                            Outcome::applied(r.key, receipt.reference, receipt.result)
+                        }
+                        _ => machine::status_outcome(Some(contract), &r, self.now()),
+                    });
                 }
                 // Another event, a poll or the event's own handler got there first: the record
                 // says what happened.
@@ -288,11 +299,12 @@ impl Executor {
             RecordState::Pending { .. }
             | RecordState::AwaitingApproval { .. }
             | RecordState::Unknown(_) => Disposition::NotPending,
-            RecordState::Applied(receipt) => {
-                agrees(finish, &Digest::Applied {
+            RecordState::Applied(receipt) => agrees(
+                finish,
+                &Digest::Applied {
                     reference: receipt.reference.clone(),
-                })
-            }
+                },
+            ),
             RecordState::FailedPermanent(refusal) => {
                 agrees(finish, &Digest::Refused { code: refusal.code })
             }
