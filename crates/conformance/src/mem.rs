@@ -404,7 +404,7 @@ impl Store for MemStore {
         Box::pin(async move {
             let mut tables = self.lock();
             if let Some(existing) = may_write(&tables, &event) {
-                return Ok(Recorded::Exists(existing));
+                return Ok(Recorded::Exists(Box::new(existing)));
             }
             tables
                 .webhooks

@@ -99,7 +99,7 @@ pub async fn dedup_rule_writes_once_and_replaces_early<S: Store>(store: S) {
     let again = event("msg_1", Disposition::Ignored, Some("j1"));
     assert_eq!(
         store.record_webhook(again).await.unwrap(),
-        Recorded::Exists(decided.clone())
+        Recorded::Exists(Box::new(decided.clone()))
     );
     assert_eq!(store.webhook("jobs", "msg_1").await.unwrap(), Some(decided));
     // Another source's event of the same id is another event.

@@ -139,7 +139,7 @@ impl WebhookEvent {
 pub enum Recorded {
     Written,
     /// A decided row for the same (source, event id) exists: this delivery is a redelivery.
-    Exists(WebhookEvent),
+    Exists(Box<WebhookEvent>),
 }
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ impl PgStore {
         // A decided row stood in the way; rows are never updated once decided, so reading it
         // after the statement gives the one that did.
         match get_on(&mut conn, &event.source, &event.event_id).await? {
-            Some(existing) => Ok(Recorded::Exists(existing)),
+            Some(existing) => Ok(Recorded::Exists(Box::new(existing))),
             None => Err(store::Error::Unavailable(format!(
                 "webhook event {} of source {} was neither written nor found (swept meanwhile)",
                 event.event_id, event.source

@@ -418,7 +418,7 @@ impl Store for SqliteStore {
                         return Ok(Recorded::Written);
                     }
                     match webhooks::get_in(tx, &source, &event_id)? {
-                        Some(existing) => Ok(Recorded::Exists(existing)),
+                        Some(existing) => Ok(Recorded::Exists(Box::new(existing))),
                         None => Err(Error::Corrupt(format!(
                             "webhook event {event_id} of source {source} was neither written \
                              nor found"

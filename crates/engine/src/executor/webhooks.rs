@@ -90,7 +90,7 @@ impl Executor {
                 .await;
         };
         let mut record = match self.bind(&event).await? {
-            Bound::Record(record) => record,
+            Bound::Record(record) => *record,
             Bound::Nothing(disposition) => {
                 return self.record_event(&event, None, disposition, None).await;
             }
@@ -124,7 +124,7 @@ impl Executor {
                 .await?
             {
                 Applied::Done(answer) => return Ok(answer),
-                Applied::Moved(now) => record = now,
+                Applied::Moved(now) => record = *now,
                 Applied::Gone => {
                     return self
                         .record_event(&event, None, Disposition::UnknownOperation, None)
@@ -219,7 +219,7 @@ impl Executor {
                     return Ok(Bound::Nothing(Disposition::UnknownOperation));
                 }
                 Ok(match self.store.get(key).await? {
-                    Some(record) => Bound::Record(record),
+                    Some(record) => Bound::Record(Box::new(record)),
                     None => Bound::Nothing(Disposition::UnknownOperation),
                 })
             }
@@ -290,7 +290,7 @@ impl Executor {
                             return Ok(Applied::Done(redelivered(seen)));
                         }
                         match now {
-                            Some(now) => Applied::Moved(now),
+                            Some(now) => Applied::Moved(Box::new(now)),
                             None => Applied::Gone,
                         }
                     }
@@ -325,7 +325,7 @@ impl Executor {
     ) -> Result<EventAnswer, store::Error> {
         let row = self.row(event, key.clone(), disposition, finish);
         match self.store.record_webhook(row).await? {
-            Recorded::Exists(seen) => Ok(redelivered(seen)),
+            Recorded::Exists(seen) => Ok(redelivered(*seen)),
             Recorded::Written => {
                 if disposition != Disposition::Early {
                     tracing::warn!(
@@ -371,7 +371,7 @@ impl Executor {
 }
 
 enum Bound {
-    Record(Record),
+    Record(Box<Record>),
     Nothing(Disposition),
     /// No pending job has this id yet.
     NotYet(String),
@@ -380,13 +380,13 @@ enum Bound {
 enum Applied {
     Done(EventAnswer),
     /// The record moved under the event: bind again to what it is now.
-    Moved(Record),
+    Moved(Box<Record>),
     Gone,
 }
 
 fn in_environment(record: Record, event: &JobEvent) -> Bound {
     if record.key.environment() == event.environment {
-        Bound::Record(record)
+        Bound::Record(Box::new(record))
     } else {
         Bound::Nothing(Disposition::UnknownOperation)
     }
