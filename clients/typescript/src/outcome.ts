@@ -31,6 +31,7 @@ export type ErrorCode =
   | 'unknown_tool'
   | 'not_found'
   | 'conflict'
+  | 'webhook_signature_invalid'
   | 'internal_error'
   | (string & {});
 

@@ -17,6 +17,7 @@
 //! no transition. Two [`Gate`]s pause a worker just after its claim inserted and just before
 //! a transition.
 
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -355,6 +356,37 @@ impl<S: Store> Store for FaultyStore<S> {
             around(n, fault, || self.inner.sweep(environment, now, limit)).await
         })
     }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        self.inner.webhook(source, event_id)
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        self.inner.record_webhook(event)
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        self.inner.webhooks_for_job(tenant, job_id)
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        self.inner.pending_job(tenant, job_id)
+    }
+
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        self.inner.sweep_webhooks(now, limit)
+    }
 }
 
 #[cfg(test)]
@@ -420,6 +452,7 @@ mod tests {
             expiry: None,
             events: vec![Event::new(EventKind::Committed, 10, 1, "w1")],
             now: 10,
+            webhook: None,
         }
     }
 

@@ -24,3 +24,4 @@ pub mod ledger;
 pub mod mem;
 pub mod scenarios;
 pub mod store_suite;
+pub mod webhook_suite;

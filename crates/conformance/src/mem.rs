@@ -18,6 +18,7 @@ use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Expect, Filter, RequestUpdate, Store, SweepReport,
     Transition, due_at,
 };
+use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
 
 /// The worker name on `expired` events appended by a sweep.
 pub const SWEEPER: &str = "sweeper";
@@ -39,6 +40,17 @@ struct Tables {
     // Traces live apart from records, like an events table: appending to a key without a
     // record is allowed, and only a purge deletes a trace.
     events: BTreeMap<OperationKey, Vec<Event>>,
+    // Webhook deduplication rows by (source, event id), in arrival order within a key.
+    webhooks: BTreeMap<(String, String), WebhookEvent>,
+}
+
+/// The dedup rule of [`WebhookEvent`]: written when no row exists or the existing one is early.
+fn may_write(tables: &Tables, event: &WebhookEvent) -> Option<WebhookEvent> {
+    tables
+        .webhooks
+        .get(&(event.source.clone(), event.event_id.clone()))
+        .filter(|existing| existing.disposition != Disposition::Early)
+        .cloned()
 }
 
 impl MemStore {
@@ -208,10 +220,14 @@ impl Store for MemStore {
                 expiry,
                 events,
                 now,
+                webhook,
             } = transition;
+            let decided = webhook.as_ref().and_then(|w| may_write(&tables, w));
             let cas = match tables.records.get_mut(&key) {
                 None => Cas::Lost(None),
-                Some(record) if !matches(record, &expect) => Cas::Lost(Some(record.clone())),
+                Some(record) if !matches(record, &expect) || decided.is_some() => {
+                    Cas::Lost(Some(record.clone()))
+                }
                 Some(record) => {
                     record.state = next;
                     record.fence = fence;
@@ -233,6 +249,11 @@ impl Store for MemStore {
                     record.updated_at = now;
                     let done = record.clone();
                     tables.events.entry(key).or_default().extend(events);
+                    if let Some(w) = webhook {
+                        tables
+                            .webhooks
+                            .insert((w.source.clone(), w.event_id.clone()), w);
+                    }
                     Cas::Done(done)
                 }
             };
@@ -363,6 +384,94 @@ impl Store for MemStore {
             Ok(report)
         })
     }
+
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        Box::pin(async move {
+            let found = self
+                .lock()
+                .webhooks
+                .get(&(source.to_string(), event_id.to_string()))
+                .cloned();
+            Ok(found)
+        })
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            if let Some(existing) = may_write(&tables, &event) {
+                return Ok(Recorded::Exists(Box::new(existing)));
+            }
+            tables
+                .webhooks
+                .insert((event.source.clone(), event.event_id.clone()), event);
+            Ok(Recorded::Written)
+        })
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            let mut found: Vec<WebhookEvent> = tables
+                .webhooks
+                .values()
+                .filter(|w| w.tenant == tenant && w.job_id.as_deref() == Some(job_id))
+                .cloned()
+                .collect();
+            found.sort_by_key(|w| w.received_at);
+            Ok(found)
+        })
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            let found = tables
+                .records
+                .values()
+                .find(|r| {
+                    r.tenant() == tenant
+                        && matches!(
+                            &r.state,
+                            RecordState::Pending {
+                                dispatch: idemgate_core::record::Dispatch::Job { job_id: j },
+                                ..
+                            } if j == job_id
+                        )
+                })
+                .cloned();
+            Ok(found)
+        })
+    }
+
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(async move {
+            let mut tables = self.lock();
+            let due: Vec<(String, String)> = tables
+                .webhooks
+                .iter()
+                .filter(|(_, w)| w.purge_at <= now)
+                .map(|(k, _)| k.clone())
+                .take(limit)
+                .collect();
+            for k in &due {
+                tables.webhooks.remove(k);
+            }
+            Ok(due.len() as u64)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -437,6 +546,7 @@ mod tests {
             expiry: None,
             events: vec![event(EventKind::Committed)],
             now: 50,
+            webhook: None,
         }
     }
 

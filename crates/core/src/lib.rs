@@ -20,6 +20,7 @@
 //! - [`transitions`] — every transition the executor makes, as data: the next state, the
 //!   fence (grown in one function), the trace entries, and retention counted from settlement.
 //! - [`outcome::Outcome`] — the labelled answer every face returns.
+//! - [`webhook`] — a webhook event's deduplication row, bound to the operation it finished.
 //! - [`lint`] — the seed's review worksheet as a linter over contract files.
 //!
 //! **This crate performs no I/O**: no clock reads (a [`clock::Clock`] is injected), no files,
@@ -39,6 +40,7 @@ pub mod outcome;
 pub mod record;
 pub mod store;
 pub mod transitions;
+pub mod webhook;
 
 pub use canonical::{CANONICALIZATION_VERSION, Canonical};
 pub use contract::{Contract, EffectClass};

@@ -69,6 +69,7 @@ pub enum ErrorCode {
     UnknownTool,
     NotFound,
     Conflict,
+    WebhookSignatureInvalid,
     InternalError,
 }
 
@@ -97,6 +98,7 @@ impl ErrorCode {
             ErrorCode::UnknownTool => "unknown_tool",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::WebhookSignatureInvalid => "webhook_signature_invalid",
             ErrorCode::InternalError => "internal_error",
         }
     }
@@ -129,6 +131,7 @@ impl ErrorCode {
             | ErrorCode::UnknownTool
             | ErrorCode::NotFound
             | ErrorCode::Conflict
+            | ErrorCode::WebhookSignatureInvalid
             | ErrorCode::InternalError => false,
         }
     }
@@ -157,6 +160,7 @@ impl ErrorCode {
             | ErrorCode::EffectClassRefused
             | ErrorCode::UnknownTool
             | ErrorCode::NotFound
+            | ErrorCode::WebhookSignatureInvalid
             | ErrorCode::InternalError => NextAction::None,
         }
     }
@@ -183,6 +187,7 @@ pub const ALL_CODES: &[ErrorCode] = &[
     ErrorCode::UnknownTool,
     ErrorCode::NotFound,
     ErrorCode::Conflict,
+    ErrorCode::WebhookSignatureInvalid,
     ErrorCode::InternalError,
 ];
 
@@ -346,12 +351,13 @@ mod tests {
             ErrorCode::NotFound => 18,
             ErrorCode::Conflict => 19,
             ErrorCode::InternalError => 20,
+            ErrorCode::WebhookSignatureInvalid => 21,
         }
     }
 
     #[test]
     fn all_codes_lists_every_code_once() {
-        let mut seen = [false; 21];
+        let mut seen = [false; 22];
         for &code in ALL_CODES {
             assert!(!seen[ordinal(code)], "{} listed twice", code.as_str());
             seen[ordinal(code)] = true;

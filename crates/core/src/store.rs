@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::fingerprint::Fingerprint;
 use crate::key::OperationKey;
 use crate::record::{Event, Millis, Record, RecordState, RecordStatus};
+use crate::webhook::{Recorded, WebhookEvent};
 
 /// A boxed future, so that `dyn Store` works without an async-trait dependency.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -97,6 +98,10 @@ pub struct Transition {
     pub expiry: Option<Expiry>,
     pub events: Vec<Event>,
     pub now: Millis,
+    /// The webhook event that causes this transition: its deduplication row is written in the
+    /// same transaction, by the rule of [`WebhookEvent`], and when that rule writes nothing (a
+    /// decided row for the event exists) the transition is not applied either (`Cas::Lost`).
+    pub webhook: Option<WebhookEvent>,
 }
 
 /// The answer of a compare-and-set.
@@ -235,6 +240,57 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>>;
+
+    /// The deduplication row of one webhook event. Never writes.
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        let _ = (source, event_id);
+        Box::pin(async { Err(no_webhooks()) })
+    }
+
+    /// Writes the row of an event that causes no transition, by the rule of [`WebhookEvent`]:
+    /// written when no row exists or the existing one is early, else the existing row.
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        let _ = event;
+        Box::pin(async { Err(no_webhooks()) })
+    }
+
+    /// The rows of `tenant`'s events that named job `job_id`, oldest first: early arrivals
+    /// waiting for the job, and the events that bound it to its operation.
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        let _ = (tenant, job_id);
+        Box::pin(async { Err(no_webhooks()) })
+    }
+
+    /// The pending record of `tenant` whose accepted job is `job_id` (the smallest key, should
+    /// a downstream reuse a job id). Never writes.
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        let _ = (tenant, job_id);
+        Box::pin(async { Err(no_webhooks()) })
+    }
+
+    /// Deletes at most `limit` webhook rows whose `purge_at` has passed; how many.
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        let _ = (now, limit);
+        Box::pin(async { Err(no_webhooks()) })
+    }
+}
+
+/// The answer of a store that keeps no webhook events: an honest failure rather than a
+/// silent "never seen", which would let a redelivery through.
+fn no_webhooks() -> Error {
+    Error::Unavailable("this store keeps no webhook events".into())
 }
 
 /// A shared store is a store: executors, recoverers and test wrappers hold `Arc<dyn Store>`.
@@ -279,5 +335,32 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         (**self).sweep(environment, now, limit)
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        (**self).webhook(source, event_id)
+    }
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        (**self).record_webhook(event)
+    }
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        (**self).webhooks_for_job(tenant, job_id)
+    }
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        (**self).pending_job(tenant, job_id)
+    }
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        (**self).sweep_webhooks(now, limit)
     }
 }

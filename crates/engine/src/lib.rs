@@ -29,8 +29,8 @@ pub mod settled;
 mod timer;
 
 pub use executor::{
-    ActionError, Caller, Executor, Observer, Operation, Resolution, Settings, StatusRead,
-    default_worker_id,
+    ActionError, Binding, Caller, Contracts, EventAnswer, Executor, JobEvent, Observer, Operation,
+    Resolution, Settings, StatusRead, default_worker_id,
 };
 pub use recoverer::{Recoverer, RecoveryReport, Tools};
 pub use timer::TokioTimer;

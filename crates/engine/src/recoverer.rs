@@ -173,6 +173,13 @@ impl Recoverer {
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
                     }
+                    // Webhook events past their retry window (a table of the store, not of
+                    // an environment).
+                    match self.executor.sweep_webhooks(1000).await {
+                        Ok(n) if n > 0 => tracing::info!(deleted = n, "webhook events swept"),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "webhook event sweep failed"),
+                    }
                 }
             }
         }
@@ -189,5 +196,10 @@ impl Executor {
         self.store()
             .sweep(environment, self.clock().now(), limit)
             .await
+    }
+
+    /// Deletes up to `limit` webhook events whose retention has passed.
+    pub async fn sweep_webhooks(&self, limit: usize) -> Result<u64, store::Error> {
+        self.store().sweep_webhooks(self.clock().now(), limit).await
     }
 }

@@ -17,6 +17,7 @@ use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
 };
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use serde_json::Value;
 
 /// Marks a sealed value; the version names the cipher and the layout (nonce ‖ ciphertext).
@@ -265,5 +266,36 @@ impl<S: Store> Store for SealedStore<S> {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         self.inner.sweep(environment, now, limit)
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        self.inner.webhook(source, event_id)
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        self.inner.record_webhook(event)
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        self.inner.webhooks_for_job(tenant, job_id)
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        self.inner.pending_job(tenant, job_id)
+    }
+
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        self.inner.sweep_webhooks(now, limit)
     }
 }

@@ -58,6 +58,10 @@ pub struct Config {
     pub mcp: McpConfig,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// Webhook sources, `[webhooks.<source>]`, each served at `POST /v1/webhooks/<source>`
+    /// (see `crate::webhooks::SourceConfig`).
+    #[serde(default)]
+    pub webhooks: std::collections::BTreeMap<String, crate::webhooks::SourceConfig>,
 }
 
 /// Bounds on what a caller may send.
@@ -211,6 +215,7 @@ impl Config {
             executor: ExecutorConfig::default(),
             mcp: McpConfig::default(),
             tenants: Vec::new(),
+            webhooks: Default::default(),
         }
     }
 

@@ -38,6 +38,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod state;
 pub mod tools;
+pub mod webhooks;
 pub mod wire;
 
 use std::future::Future;
@@ -62,6 +63,7 @@ fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(api::reconcile))
         .routes(routes!(api::approve))
         .routes(routes!(api::deny))
+        .routes(routes!(webhooks::receive))
         .routes(routes!(api::healthz))
         .routes(routes!(api::metrics))
         .routes(routes!(problems::index))

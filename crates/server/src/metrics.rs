@@ -5,6 +5,7 @@
 //! store cannot see them); latencies, takeovers and recoveries by thin wrappers around the
 //! store and each downstream, which see every claim, transition and effect.
 
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -209,6 +210,41 @@ impl Store for MeteredStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, store::Error>> {
         self.inner.sweep(environment, now, limit)
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, store::Error>> {
+        self.inner.webhook(source, event_id)
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, store::Error>> {
+        self.inner.record_webhook(event)
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, store::Error>> {
+        self.inner.webhooks_for_job(tenant, job_id)
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
+        self.inner.pending_job(tenant, job_id)
+    }
+
+    fn sweep_webhooks(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<u64, store::Error>> {
+        self.inner.sweep_webhooks(now, limit)
     }
 }
 

@@ -239,6 +239,20 @@ pub const ENTRIES: &[Entry] = &[
                  its current state.",
     },
     Entry {
+        code: ErrorCode::WebhookSignatureInvalid,
+        title: "Webhook signature invalid",
+        meaning: "A webhook delivery to `/v1/webhooks/{source}` was not proved to come from the \
+                  source's sender: a `webhook-id`, `webhook-timestamp` or `webhook-signature` \
+                  header is missing or malformed, the timestamp lies outside the source's \
+                  tolerance, or no `v1` signature matches any of the source's secrets. The \
+                  detail says which.",
+        effect: "Nothing was recorded and no operation changed; the body was not logged.",
+        action: "For the sender: sign with a current secret (Standard Webhooks, `v1` HMAC-SHA256 \
+                 over `id.timestamp.body`) and send promptly; a retried delivery is signed anew. \
+                 For the operator: check the source's `secret_envs`, and during a rotation keep \
+                 both secrets configured.",
+    },
+    Entry {
         code: ErrorCode::InternalError,
         title: "Internal error",
         meaning: "The gateway failed in a way it did not expect. The log has the detail; the \

@@ -172,6 +172,9 @@ pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result
         .mcp_allowed_hosts(config.mcp.hosts(config.listen))
         .mcp_identity(config.mcp.identity)
         .public_url(config.public_url())
+        .webhooks(
+            crate::webhooks::Sources::from_config(&config.webhooks).map_err(Error::Unsupported)?,
+        )
         .build())
 }
 

@@ -30,6 +30,7 @@ pub(crate) struct Inner {
     pub mcp_identity: idemgate_core::contract::Identity,
     /// The start of problem type URIs, when configured (`public_url`).
     pub problem_base: Option<ProblemBase>,
+    pub webhooks: crate::webhooks::Sources,
 }
 
 /// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
@@ -45,6 +46,7 @@ pub struct Gateway {
     mcp_hosts: Vec<String>,
     mcp_identity: idemgate_core::contract::Identity,
     problem_base: Option<ProblemBase>,
+    webhooks: crate::webhooks::Sources,
 }
 
 impl Gateway {
@@ -64,6 +66,7 @@ impl Gateway {
             ),
             mcp_identity: Default::default(),
             problem_base: None,
+            webhooks: crate::webhooks::Sources::default(),
         }
     }
 
@@ -111,6 +114,12 @@ impl Gateway {
 
     /// Wraps the store and every downstream for metrics, and builds the executor whose
     /// authorizer dispatches to each tool's hook.
+    /// The webhook sources served at `POST /v1/webhooks/{source}`.
+    pub fn webhooks(mut self, sources: crate::webhooks::Sources) -> Gateway {
+        self.webhooks = sources;
+        self
+    }
+
     pub fn build(self) -> AppState {
         // Install the recorder before the first metric is touched.
         let _ = crate::metrics::handle();
@@ -133,6 +142,7 @@ impl Gateway {
                 mcp_hosts: self.mcp_hosts,
                 mcp_identity: self.mcp_identity,
                 problem_base: self.problem_base,
+                webhooks: self.webhooks,
             }),
         }
     }

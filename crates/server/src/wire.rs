@@ -177,7 +177,7 @@ pub fn rejection_status(code: ErrorCode) -> StatusCode {
         | ErrorCode::MissingOperationKey
         | ErrorCode::InvalidOperationKey
         | ErrorCode::EffectClassRefused => StatusCode::BAD_REQUEST,
-        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized | ErrorCode::WebhookSignatureInvalid => StatusCode::UNAUTHORIZED,
         ErrorCode::Forbidden | ErrorCode::ApprovalDenied => StatusCode::FORBIDDEN,
         ErrorCode::UnknownTool | ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::ExpiredOperation | ErrorCode::ApprovalExpired => StatusCode::GONE,

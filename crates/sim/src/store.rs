@@ -9,6 +9,7 @@
 //! SQLite store answers from its writer thread, and waiting for it whole keeps the order of
 //! events the schedule's alone.
 
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -420,5 +421,36 @@ impl<S: Store> Store for SimStore<S> {
             }
             self.after_write("sweep", report).await
         })
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        Box::pin(async move { block_on(self.inner.webhook(source, event_id)) })
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        Box::pin(async move { block_on(self.inner.record_webhook(event)) })
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        Box::pin(async move { block_on(self.inner.webhooks_for_job(tenant, job_id)) })
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        Box::pin(async move { block_on(self.inner.pending_job(tenant, job_id)) })
+    }
+
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(async move { block_on(self.inner.sweep_webhooks(now, limit)) })
     }
 }

@@ -41,6 +41,7 @@ pub mod migrate;
 mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,7 @@ use idemgate_core::store::{
     self, BoxFuture, Cas, Claimed, Due, Expiry, Filter, RequestUpdate, Store, SweepReport,
     Transition,
 };
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -350,7 +352,10 @@ impl PgStore {
         claim_with(&mut conn, Kind::Write, &record, &row, &ev).await
     }
 
-    async fn apply(&self, t: Transition) -> Result<Cas, store::Error> {
+    async fn apply(&self, mut t: Transition) -> Result<Cas, store::Error> {
+        if let Some(event) = t.webhook.take() {
+            return self.transition_with_webhook(t, event).await;
+        }
         let Some(batcher) = &self.batcher else {
             return self.transition_single(t).await;
         };
@@ -380,53 +385,9 @@ impl PgStore {
     }
 
     async fn transition_single(&self, t: Transition) -> Result<Cas, store::Error> {
-        let mut next = Row::default();
-        next.set_state(&t.next);
-        let (replace_request, request) = request_columns(&t.request);
-        let fingerprint = t.fingerprint.as_ref().map(|f| f.as_str().to_string());
-        let ev = EventColumns::of(&t.events);
-        let expect_fence = t.expect.fence as i64;
-        let fence = t.fence as i64;
-        let (expires_at, purge_at) = expiry_columns(t.expiry);
         let mut conn = self.conn().await?;
-        let rows = conn
-            .run(
-                Kind::Write,
-                sql::TRANSITION,
-                &[
-                    &t.key.tenant(),
-                    &t.key.as_str(),
-                    &expect_fence,
-                    &t.expect.status.as_str(),
-                    &t.expect.lease_expired_by,
-                    &next.status,
-                    &fence,
-                    &next.lease_owner,
-                    &next.lease_expires_at,
-                    &next.dispatch,
-                    &next.job_id,
-                    &next.effect_reference,
-                    &next.result,
-                    &next.error_code,
-                    &next.error_message,
-                    &replace_request,
-                    &request,
-                    &t.approved_by,
-                    &fingerprint,
-                    &t.now,
-                    &ev.kind,
-                    &ev.at,
-                    &ev.attempt,
-                    &ev.worker,
-                    &ev.detail,
-                    &expires_at,
-                    &purge_at,
-                    &t.expect.dispatch,
-                ],
-            )
-            .await?;
-        match rows.first() {
-            Some(r) => Ok(Cas::Done(record_of(r, 0)?)),
+        match transition_with(&mut conn, Kind::Write, &t).await? {
+            Some(record) => Ok(Cas::Done(record)),
             // The expectation no longer held. The caller decides from the current record.
             None => Ok(Cas::Lost(get_with(&mut conn, &t.key).await?)),
         }
@@ -746,9 +707,67 @@ async fn claim_with(
     )))
 }
 
+/// The fenced compare-and-set of `t` on a checked-out connection: the record as written, or
+/// `None` when the expectation no longer held. Its own implicit transaction (`kind` a write),
+/// or a statement of an explicit one (`kind` a read, for nothing commits before the COMMIT).
+pub(crate) async fn transition_with(
+    conn: &mut Conn,
+    kind: Kind,
+    t: &Transition,
+) -> Result<Option<Record>, store::Error> {
+    let mut next = Row::default();
+    next.set_state(&t.next);
+    let (replace_request, request) = request_columns(&t.request);
+    let fingerprint = t.fingerprint.as_ref().map(|f| f.as_str().to_string());
+    let ev = EventColumns::of(&t.events);
+    let expect_fence = t.expect.fence as i64;
+    let fence = t.fence as i64;
+    let (expires_at, purge_at) = expiry_columns(t.expiry);
+    let rows = conn
+        .run(
+            kind,
+            sql::TRANSITION,
+            &[
+                &t.key.tenant(),
+                &t.key.as_str(),
+                &expect_fence,
+                &t.expect.status.as_str(),
+                &t.expect.lease_expired_by,
+                &next.status,
+                &fence,
+                &next.lease_owner,
+                &next.lease_expires_at,
+                &next.dispatch,
+                &next.job_id,
+                &next.effect_reference,
+                &next.result,
+                &next.error_code,
+                &next.error_message,
+                &replace_request,
+                &request,
+                &t.approved_by,
+                &fingerprint,
+                &t.now,
+                &ev.kind,
+                &ev.at,
+                &ev.attempt,
+                &ev.worker,
+                &ev.detail,
+                &expires_at,
+                &purge_at,
+                &t.expect.dispatch,
+            ],
+        )
+        .await?;
+    rows.first().map(|r| record_of(r, 0)).transpose()
+}
+
 /// Reads one record on an already checked-out connection (a statement of its own, hence a
 /// fresh snapshot).
-async fn get_with(conn: &mut Conn, key: &OperationKey) -> Result<Option<Record>, store::Error> {
+pub(crate) async fn get_with(
+    conn: &mut Conn,
+    key: &OperationKey,
+) -> Result<Option<Record>, store::Error> {
     let rows = conn
         .run(Kind::Read, sql::GET, &[&key.tenant(), &key.as_str()])
         .await?;
@@ -756,7 +775,7 @@ async fn get_with(conn: &mut Conn, key: &OperationKey) -> Result<Option<Record>,
 }
 
 /// A result row as a record; anything unreadable is `Corrupt`, never silently fixed.
-fn record_of(r: &tokio_postgres::Row, offset: usize) -> Result<Record, store::Error> {
+pub(crate) fn record_of(r: &tokio_postgres::Row, offset: usize) -> Result<Record, store::Error> {
     let row = sql::read_row(r, offset)
         .map_err(|e| store::Error::Corrupt(format!("unreadable operations row: {e}")))?;
     row.into_record()
@@ -870,5 +889,41 @@ impl Store for PgStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, store::Error>> {
         Box::pin(self.sweep_once(environment, now, limit))
+    }
+
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, store::Error>> {
+        Box::pin(self.webhook_event(source, event_id))
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, store::Error>> {
+        Box::pin(self.record_webhook_event(event))
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, store::Error>> {
+        Box::pin(self.webhook_events_for_job(tenant, job_id))
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
+        Box::pin(self.pending_job_record(tenant, job_id))
+    }
+
+    fn sweep_webhooks(
+        &self,
+        now: Millis,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<u64, store::Error>> {
+        Box::pin(self.sweep_webhook_events(now, limit))
     }
 }

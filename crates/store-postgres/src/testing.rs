@@ -214,7 +214,7 @@ impl TestDatabase {
             .await
             .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.name));
         client
-            .batch_execute("TRUNCATE operations, events RESTART IDENTITY")
+            .batch_execute("TRUNCATE operations, events, webhook_events RESTART IDENTITY")
             .await
             .unwrap_or_else(|e| panic!("cannot truncate test database {}: {e}", self.name));
     }

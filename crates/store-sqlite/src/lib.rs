@@ -16,6 +16,8 @@
 //!   duplicate intent, compare-and-set transitions, event appends and the retention sweep of
 //!   one environment, each run inside the writer's transaction; the caller's
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
+//! - `webhooks` — the webhook deduplication table: reads, the dedup upsert, and the guard a
+//!   transition caused by an event carries, so the row and the transition commit together.
 //! - `trace` — the event trace, kept in the operation's own row, one JSON array per entry.
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
 //!   in WAL mode reads never wait behind the writer.
@@ -38,6 +40,7 @@ use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
 };
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
 
 mod error;
@@ -45,6 +48,7 @@ mod read;
 mod readers;
 mod schema;
 mod trace;
+mod webhooks;
 mod write;
 mod writer;
 
@@ -394,6 +398,60 @@ impl Store for SqliteStore {
                 .submit(move |tx| write::sweep(tx, &environment, now, limit)),
         )
     }
+
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        Box::pin(async move { self.read(|conn| webhooks::get(conn, source, event_id)) })
+    }
+
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        let row = webhooks::Row::new(&event);
+        let (source, event_id) = (event.source, event.event_id);
+        Box::pin(async move {
+            self.inner
+                .writer
+                .submit(move |tx| {
+                    if webhooks::upsert(tx, &row)? {
+                        return Ok(Recorded::Written);
+                    }
+                    match webhooks::get_in(tx, &source, &event_id)? {
+                        Some(existing) => Ok(Recorded::Exists(Box::new(existing))),
+                        None => Err(Error::Corrupt(format!(
+                            "webhook event {event_id} of source {source} was neither written \
+                             nor found"
+                        ))),
+                    }
+                })
+                .await
+        })
+    }
+
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        Box::pin(async move { self.read(|conn| webhooks::for_job(conn, tenant, job_id)) })
+    }
+
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| webhooks::pending_job(conn, tenant, job_id)) })
+    }
+
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(
+            self.inner
+                .writer
+                .submit(move |tx| webhooks::sweep(tx, now, limit)),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -470,6 +528,7 @@ mod tests {
             expiry: None,
             events: Vec::new(),
             now: 1_000,
+            webhook: None,
         };
         let finalise = Transition {
             next: RecordState::Applied(Receipt {

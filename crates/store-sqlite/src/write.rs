@@ -18,6 +18,7 @@ use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 use crate::error::Context;
 use crate::read::{self, columns, int, limit};
 use crate::trace;
+use crate::webhooks;
 use crate::writer::Tx;
 
 /// The worker named in the trace of a compaction.
@@ -172,6 +173,8 @@ pub(crate) struct Update {
     sql: String,
     state: Row,
     values: Vec<Value>,
+    /// The webhook event the transition carries, written in the same command.
+    webhook: Option<webhooks::Row>,
 }
 
 impl Update {
@@ -238,11 +241,19 @@ impl Update {
             sql.push_str(" AND dispatch = ?");
             values.push(Value::Text(dispatch.into()));
         }
+        // A transition caused by a webhook event applies only while the event is undecided;
+        // its row is written by the same command (see `transition`).
+        let webhook = t.webhook.as_ref().map(webhooks::Row::new);
+        if let Some(row) = &webhook {
+            sql.push_str(webhooks::GUARD);
+            values.extend(row.guard());
+        }
         Update {
             key: t.key.clone(),
             sql,
             values,
             state,
+            webhook,
         }
     }
 }
@@ -368,6 +379,17 @@ pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> 
         .query_row(params![t.key.tenant(), t.key.as_str()], unset)
         .optional()
         .context(what)?;
+    // The event's row, in the same transaction: the guard above proved it undecided, and no
+    // other write runs inside this one, so the upsert writes. Should it fail, the command
+    // fails after writing and the writer rolls the transition back with it.
+    if let Some(row) = &t.webhook
+        && !webhooks::upsert(tx, row)?
+    {
+        return Err(Error::Unavailable(format!(
+            "{}: its webhook event was decided meanwhile",
+            what()
+        )));
+    }
     match unset {
         Some(unset) => Ok(Written::Done(unset)),
         None => Err(Error::Unavailable(format!(

@@ -29,6 +29,11 @@ impl Executor {
         effect: &dyn Downstream,
         poller: Poller,
     ) -> Outcome {
+        // An event that arrived before the job id was recorded finishes the job without a
+        // poll (see `webhooks`).
+        if let Some(finished) = self.apply_early_events(contract, &record).await {
+            return finished;
+        }
         let key = record.key.clone();
         let at = self.at();
         let t = match effect.poll_job(&key, job_id).await {

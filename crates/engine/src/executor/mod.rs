@@ -10,6 +10,7 @@
 //!   [`Authorized`](authorize::Authorized) proof.
 //! - `recovery` — an abandoned or released claim: receipt lookup, takeover, resend, `unknown`.
 //! - `jobs` — polling an accepted asynchronous job.
+//! - `webhooks` — a verified webhook event bound to its job and applied with its dedup row.
 //! - `operator` — approve, deny, reconcile, and the status read.
 //! - `authorize` — the authorization hook, and the proof a send requires.
 //! - `detached` — a delivery run on its own task, so the caller's patience is not the effect's.
@@ -36,9 +37,11 @@ mod jobs;
 mod operator;
 mod perform;
 mod recovery;
+mod webhooks;
 
 pub(crate) use jobs::Poller;
 pub use operator::{ActionError, Resolution, StatusRead};
+pub use webhooks::{Binding, Contracts, EventAnswer, JobEvent};
 
 /// Who is asking. The tenant comes from the caller's credentials, never from the arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -537,9 +537,12 @@ impl Executor {
         let t = transitions::job_accepted(&record, contract, job_id.clone(), sent, self.at());
         let written = self.finalise(t).await;
         match written {
-            Ok(Cas::Done(_)) => {
-                Outcome::in_flight(key, NextAction::Poll, machine::JOB_POLL_SECONDS)
-            }
+            // The downstream may have called back before its 202 reached us: an event kept
+            // for this job finishes it now.
+            Ok(Cas::Done(recorded)) => match self.apply_early_events(contract, &recorded).await {
+                Some(finished) => finished,
+                None => Outcome::in_flight(key, NextAction::Poll, machine::JOB_POLL_SECONDS),
+            },
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
             Err(_) => Outcome::unknown(
                 key,

@@ -1,0 +1,444 @@
+//! Webhook events that finish accepted jobs: the second way, beside polling, that a job's end
+//! reaches its record.
+//!
+//! The face verifies the event and says which operation it names (a job id or an operation
+//! key) and how it ended; this module binds it to its record and writes the finish and the
+//! event's deduplication row in one transaction ([`Transition::webhook`]). An event that
+//! finishes nothing is recorded with its [`Disposition`] and changes nothing. A redelivery
+//! finds its row and changes nothing either.
+//!
+//! **The race between the 202 and the callback.** A downstream may call back before the
+//! answer that carries the job id has been recorded. An event that names a job nobody has
+//! recorded yet is kept as an early arrival, with its finish; the delivery that records the
+//! job id, and every poll of the job, look for early arrivals first and apply them. Each side
+//! writes before it reads the other's write (the event its row, then the job; the delivery
+//! its job id, then the events), so at least one of them sees the other, and the fence and the
+//! dedup rule make a double application impossible.
+
+use std::sync::Arc;
+
+use idemgate_core::contract::Contract;
+use idemgate_core::key::OperationKey;
+use idemgate_core::machine;
+use idemgate_core::outcome::Outcome;
+use idemgate_core::record::{Digest, Dispatch, Millis, Record, RecordState};
+use idemgate_core::store::{self, Cas, Transition};
+use idemgate_core::transitions;
+use idemgate_core::webhook::{Disposition, Finish, Recorded, WebhookEvent};
+
+use super::Executor;
+
+/// How an event names its operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binding {
+    /// The downstream's job id, as its 202 answer gave it.
+    Job(String),
+    /// The operation key the downstream received as its idempotency key.
+    Key(OperationKey),
+}
+
+/// A verified event, as the face read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEvent {
+    pub source: String,
+    pub event_id: String,
+    /// The source's tenant: the event binds only to this tenant's operations.
+    pub tenant: String,
+    /// The gateway's environment: the event binds only to its operations.
+    pub environment: String,
+    /// How the event names its operation; required when it has a finish.
+    pub binding: Option<Binding>,
+    /// `None` when the event's outcome is neither a mapped success nor a failure.
+    pub finish: Option<Finish>,
+    /// How long the event's row is kept: at least the sender's retry window.
+    pub retention_millis: Millis,
+}
+
+/// What an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventAnswer {
+    pub disposition: Disposition,
+    /// The operation it bound to, when one was found.
+    pub key: Option<OperationKey>,
+    /// The event had been decided by an earlier delivery: nothing was written now.
+    pub redelivery: bool,
+}
+
+/// Finds the loaded contract of a tool, by name.
+pub type Contracts<'a> = &'a (dyn Fn(&str) -> Option<Arc<Contract>> + Send + Sync);
+
+/// How many times an event is bound again after its record moved under it (another event or
+/// a poll settled it, or the job id was recorded meanwhile): each retry reads a newer state.
+const REBINDS: usize = 4;
+
+impl Executor {
+    /// Binds a verified event to its operation and applies it (see the module documentation).
+    /// A store failure is returned as it is: the sender should deliver again.
+    pub async fn accept_event(
+        &self,
+        contracts: Contracts<'_>,
+        event: JobEvent,
+    ) -> Result<EventAnswer, store::Error> {
+        if let Some(seen) = self.store.webhook(&event.source, &event.event_id).await?
+            && seen.disposition != Disposition::Early
+        {
+            return Ok(redelivered(seen));
+        }
+        let Some(finish) = event.finish.clone() else {
+            return self
+                .record_event(&event, None, Disposition::Ignored, None)
+                .await;
+        };
+        let mut record = match self.bind(&event).await? {
+            Bound::Record(record) => *record,
+            Bound::Nothing(disposition) => {
+                return self.record_event(&event, None, disposition, None).await;
+            }
+            Bound::NotYet(job_id) => {
+                // Kept with its finish, then the job looked up again: the delivery recording
+                // the job id may have committed between the lookup and this write, and then
+                // missed this row.
+                let early = self
+                    .record_event(&event, None, Disposition::Early, Some(finish.clone()))
+                    .await?;
+                if early.redelivery {
+                    return Ok(early);
+                }
+                match self.store.pending_job(&event.tenant, &job_id).await? {
+                    Some(record) => record,
+                    None => {
+                        tracing::info!(
+                            source = %event.source,
+                            event_id = %event.event_id,
+                            job_id = %job_id,
+                            "webhook event kept as an early arrival: no pending job has its id yet"
+                        );
+                        return Ok(early);
+                    }
+                }
+            }
+        };
+        for _ in 0..REBINDS {
+            match self
+                .settle_by_event(contracts, &event, &record, &finish)
+                .await?
+            {
+                Applied::Done(answer) => return Ok(answer),
+                Applied::Moved(now) => record = *now,
+                Applied::Gone => {
+                    return self
+                        .record_event(&event, None, Disposition::UnknownOperation, None)
+                        .await;
+                }
+            }
+        }
+        Err(store::Error::Unavailable(format!(
+            "webhook event {} of source {}: its operation {} kept changing; deliver it again",
+            event.event_id, event.source, record.key
+        )))
+    }
+
+    /// Applies the early arrivals kept for `record`'s job, if any, right after its job id was
+    /// recorded or before it is polled. The outcome of the record once one finished it.
+    pub(crate) async fn apply_early_events(
+        &self,
+        contract: &Contract,
+        record: &Record,
+    ) -> Option<Outcome> {
+        let RecordState::Pending {
+            dispatch: Dispatch::Job { job_id },
+            ..
+        } = &record.state
+        else {
+            return None;
+        };
+        let early = match self.store.webhooks_for_job(record.tenant(), job_id).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(operation_key = record.key.as_str(), error = %e, "early webhook events could not be read; the next poll looks again");
+                return None;
+            }
+        };
+        for row in early {
+            let (Disposition::Early, Some(finish)) = (row.disposition, row.finish.clone()) else {
+                continue;
+            };
+            let mut t = finish_transition(contract, record, &finish, &row, self.at());
+            t.webhook = Some(WebhookEvent {
+                key: Some(record.key.clone()),
+                disposition: finished_as(&finish),
+                finish: None,
+                ..row.clone()
+            });
+            match self.store.transition(t).await {
+                Ok(Cas::Done(r)) => {
+                    tracing::info!(
+                        operation_key = record.key.as_str(),
+                        source = %row.source,
+                        event_id = %row.event_id,
+                        "an early webhook event finished the job once its id was recorded"
+                    );
+                    // This delivery's operation took effect just now: applied, not replayed.
+                    return Some(match r.state {
+                        RecordState::Applied(receipt) => {
+                            Outcome::applied(r.key, receipt.reference, receipt.result)
+                        }
+                        _ => machine::status_outcome(Some(contract), &r, self.now()),
+                    });
+                }
+                // Another event, a poll or the event's own handler got there first: the record
+                // says what happened.
+                Ok(Cas::Lost(Some(r))) => {
+                    return (!matches!(r.state, RecordState::Pending { .. }))
+                        .then(|| machine::status_outcome(Some(contract), &r, self.now()));
+                }
+                Ok(Cas::Lost(None)) => return None,
+                Err(e) => {
+                    tracing::warn!(operation_key = record.key.as_str(), error = %e, "an early webhook event could not be applied; the next poll tries again");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// The record an event names, or why there is none.
+    async fn bind(&self, event: &JobEvent) -> Result<Bound, store::Error> {
+        let Some(binding) = &event.binding else {
+            return Err(store::Error::Unavailable(format!(
+                "webhook event {} of source {} names no job id or operation key",
+                event.event_id, event.source
+            )));
+        };
+        match binding {
+            Binding::Key(key) => {
+                if key.tenant() != event.tenant {
+                    return Ok(Bound::Nothing(Disposition::OtherTenant));
+                }
+                if key.environment() != event.environment {
+                    return Ok(Bound::Nothing(Disposition::UnknownOperation));
+                }
+                Ok(match self.store.get(key).await? {
+                    Some(record) => Bound::Record(Box::new(record)),
+                    None => Bound::Nothing(Disposition::UnknownOperation),
+                })
+            }
+            Binding::Job(job_id) => {
+                if let Some(record) = self.store.pending_job(&event.tenant, job_id).await? {
+                    return Ok(in_environment(record, event));
+                }
+                // Not pending: an earlier event of this job may have bound (and settled) it.
+                let earlier = self.store.webhooks_for_job(&event.tenant, job_id).await?;
+                if let Some(key) = earlier.iter().find_map(|row| row.key.clone()) {
+                    return Ok(match self.store.get(&key).await? {
+                        Some(record) => in_environment(record, event),
+                        None => Bound::Nothing(Disposition::UnknownOperation),
+                    });
+                }
+                Ok(Bound::NotYet(job_id.clone()))
+            }
+        }
+    }
+
+    /// One attempt to finish `record` with the event, or to decide the event by the record.
+    async fn settle_by_event(
+        &self,
+        contracts: Contracts<'_>,
+        event: &JobEvent,
+        record: &Record,
+        finish: &Finish,
+    ) -> Result<Applied, store::Error> {
+        let key = Some(record.key.clone());
+        let disposition = match &record.state {
+            // A pending job — or, bound by key, a record whose job id is not recorded yet:
+            // the downstream's own callback is its receipt.
+            RecordState::Pending { dispatch, .. }
+                if matches!(dispatch, Dispatch::Job { .. })
+                    || matches!(event.binding, Some(Binding::Key(_))) =>
+            {
+                let Some(contract) = contracts(&record.tool) else {
+                    return Err(store::Error::Unavailable(format!(
+                        "webhook event {} names operation {}, whose tool {} is not loaded",
+                        event.event_id, record.key, record.tool
+                    )));
+                };
+                let row = self.row(event, key.clone(), finished_as(finish), None);
+                let mut t = finish_transition(&contract, record, finish, &row, self.at());
+                t.webhook = Some(row);
+                return Ok(match self.store.transition(t).await? {
+                    Cas::Done(_) => {
+                        tracing::info!(
+                            operation_key = record.key.as_str(),
+                            source = %event.source,
+                            event_id = %event.event_id,
+                            disposition = finished_as(finish).as_str(),
+                            "a webhook event finished its job"
+                        );
+                        Applied::Done(EventAnswer {
+                            disposition: finished_as(finish),
+                            key,
+                            redelivery: false,
+                        })
+                    }
+                    Cas::Lost(now) => {
+                        // A concurrent delivery of the same event decided it, or the record
+                        // moved: which one, the event's row says.
+                        if let Some(seen) =
+                            self.store.webhook(&event.source, &event.event_id).await?
+                            && seen.disposition != Disposition::Early
+                        {
+                            return Ok(Applied::Done(redelivered(seen)));
+                        }
+                        match now {
+                            Some(now) => Applied::Moved(Box::new(now)),
+                            None => Applied::Gone,
+                        }
+                    }
+                });
+            }
+            RecordState::Pending { .. }
+            | RecordState::AwaitingApproval { .. }
+            | RecordState::Unknown(_) => Disposition::NotPending,
+            RecordState::Applied(receipt) => agrees(
+                finish,
+                &Digest::Applied {
+                    reference: receipt.reference.clone(),
+                },
+            ),
+            RecordState::FailedPermanent(refusal) => {
+                agrees(finish, &Digest::Refused { code: refusal.code })
+            }
+            RecordState::Tombstone(digest) => agrees(finish, digest),
+        };
+        self.record_event(event, key, disposition, None)
+            .await
+            .map(Applied::Done)
+    }
+
+    /// Records an event that causes no transition (or an early arrival), and logs it.
+    async fn record_event(
+        &self,
+        event: &JobEvent,
+        key: Option<OperationKey>,
+        disposition: Disposition,
+        finish: Option<Finish>,
+    ) -> Result<EventAnswer, store::Error> {
+        let row = self.row(event, key.clone(), disposition, finish);
+        match self.store.record_webhook(row).await? {
+            Recorded::Exists(seen) => Ok(redelivered(*seen)),
+            Recorded::Written => {
+                if disposition != Disposition::Early {
+                    tracing::warn!(
+                        source = %event.source,
+                        event_id = %event.event_id,
+                        operation_key = key.as_ref().map(OperationKey::as_str),
+                        disposition = disposition.as_str(),
+                        "a webhook event changed nothing; recorded for operators"
+                    );
+                }
+                Ok(EventAnswer {
+                    disposition,
+                    key,
+                    redelivery: false,
+                })
+            }
+        }
+    }
+
+    fn row(
+        &self,
+        event: &JobEvent,
+        key: Option<OperationKey>,
+        disposition: Disposition,
+        finish: Option<Finish>,
+    ) -> WebhookEvent {
+        let now = self.now();
+        WebhookEvent {
+            source: event.source.clone(),
+            event_id: event.event_id.clone(),
+            tenant: event.tenant.clone(),
+            job_id: match &event.binding {
+                Some(Binding::Job(job_id)) => Some(job_id.clone()),
+                Some(Binding::Key(_)) | None => None,
+            },
+            key,
+            disposition,
+            finish,
+            received_at: now,
+            purge_at: now.saturating_add(event.retention_millis),
+        }
+    }
+}
+
+enum Bound {
+    Record(Box<Record>),
+    Nothing(Disposition),
+    /// No pending job has this id yet.
+    NotYet(String),
+}
+
+enum Applied {
+    Done(EventAnswer),
+    /// The record moved under the event: bind again to what it is now.
+    Moved(Box<Record>),
+    Gone,
+}
+
+fn in_environment(record: Record, event: &JobEvent) -> Bound {
+    if record.key.environment() == event.environment {
+        Bound::Record(Box::new(record))
+    } else {
+        Bound::Nothing(Disposition::UnknownOperation)
+    }
+}
+
+fn redelivered(seen: WebhookEvent) -> EventAnswer {
+    EventAnswer {
+        disposition: seen.disposition,
+        key: seen.key,
+        redelivery: true,
+    }
+}
+
+fn finished_as(finish: &Finish) -> Disposition {
+    match finish {
+        Finish::Done(_) => Disposition::Applied,
+        Finish::Failed(_) => Disposition::Failed,
+    }
+}
+
+/// The disposition of an event whose operation had settled already: the same end, or another.
+fn agrees(finish: &Finish, settled: &Digest) -> Disposition {
+    let same = match (finish, settled) {
+        (Finish::Done(receipt), Digest::Applied { reference }) => &receipt.reference == reference,
+        (Finish::Failed(_), Digest::Refused { .. }) => true,
+        (Finish::Done(_) | Finish::Failed(_), _) => false,
+    };
+    if same {
+        Disposition::AlreadySettled
+    } else {
+        Disposition::SettledDifferently
+    }
+}
+
+fn finish_transition(
+    contract: &Contract,
+    record: &Record,
+    finish: &Finish,
+    event: &WebhookEvent,
+    at: transitions::At<'_>,
+) -> Transition {
+    let mut t = match finish {
+        Finish::Done(receipt) => transitions::job_done(record, contract, receipt.clone(), at),
+        Finish::Failed(refusal) => transitions::job_failed(record, contract, refusal.clone(), at),
+    };
+    // The trace says which event finished the job, so an operator can find its row.
+    for e in &mut t.events {
+        let said = e.detail.take().unwrap_or_default();
+        e.detail = Some(format!(
+            "{said} (webhook event {} of source {})",
+            event.event_id, event.source
+        ));
+    }
+    t
+}
