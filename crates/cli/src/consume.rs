@@ -22,7 +22,12 @@ const DROP_ACKS_VAR: &str = "IDEMGATE_FAULT_DROP_ACKS";
 #[derive(Debug, clap::Args)]
 pub struct ConsumeArgs {
     /// The NATS server.
-    #[arg(long, value_name = "URL", env = "IDEMGATE_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEMGATE_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     nats: String,
     /// The JetStream stream to read; created with the subjects when it does not exist.
     #[arg(long, value_name = "NAME")]

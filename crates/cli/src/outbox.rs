@@ -27,7 +27,12 @@ pub struct PublishArgs {
     #[arg(long, value_name = "URL")]
     database: String,
     /// The NATS server.
-    #[arg(long, value_name = "URL", env = "IDEMGATE_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEMGATE_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     nats: String,
     /// The subject every entry is published to (a stream must capture it).
     #[arg(long, value_name = "SUBJECT")]
@@ -45,7 +50,10 @@ pub struct PublishArgs {
 
 async fn source(url: &str) -> anyhow::Result<Source> {
     if let Some(path) = url.strip_prefix("sqlite://") {
-        anyhow::ensure!(!path.is_empty(), "--database names no file; write sqlite://PATH");
+        anyhow::ensure!(
+            !path.is_empty(),
+            "--database names no file; write sqlite://PATH"
+        );
         let outbox = SqliteOutbox::open(path).with_context(|| format!("opening {url}"))?;
         return Ok(Source::Sqlite(outbox));
     }
@@ -84,7 +92,10 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             let first = ids.first().copied().unwrap_or_default();
             let last = ids.last().copied().unwrap_or_default();
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "outbox: published entries {first}..={last}; marking them sent");
+            let _ = writeln!(
+                out,
+                "outbox: published entries {first}..={last}; marking them sent"
+            );
             let _ = out.flush();
         });
         publisher = publisher.pause_before_mark(hook, Duration::from_millis(ms));

@@ -89,7 +89,11 @@ impl Consumer {
         let envelope = match Envelope::parse(payload, self.limits) {
             Ok(envelope) => envelope,
             Err(e) => {
-                tracing::warn!(message_id, attempt, problem = %e, "message refused: not a job envelope; no record, no effect");
+                tracing::warn!(
+                    message_id,
+                    attempt,
+                    "message refused, no record and no effect: {e}"
+                );
                 return Handled {
                     disposition: Disposition::Refused {
                         code: None,
@@ -101,7 +105,14 @@ impl Consumer {
         };
         let Some((contract, downstream)) = self.tools.resolve(&envelope.tool) else {
             let reason = format!("no tool `{}` is loaded here", envelope.tool);
-            tracing::warn!(message_id, attempt, tool = envelope.tool, workflow_id = envelope.workflow_id, step_id = envelope.step_id, "message refused: {reason}; no record, no effect");
+            tracing::warn!(
+                message_id,
+                attempt,
+                tool = envelope.tool,
+                workflow_id = envelope.workflow_id,
+                step_id = envelope.step_id,
+                "message refused: {reason}; no record, no effect"
+            );
             return Handled {
                 disposition: Disposition::Refused {
                     code: Some(idemgate_core::ErrorCode::UnknownTool),

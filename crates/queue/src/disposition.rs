@@ -29,7 +29,10 @@ pub enum Disposition {
     /// The message can never become this operation: a malformed envelope, an unknown tool,
     /// invalid arguments or key, a request that reuses a key for different content, a denied
     /// caller. Nothing was claimed by it and nothing was sent; stop its redelivery.
-    Refused { code: Option<ErrorCode>, reason: String },
+    Refused {
+        code: Option<ErrorCode>,
+        reason: String,
+    },
 }
 
 impl Disposition {
@@ -147,18 +150,36 @@ mod tests {
     #[test]
     fn every_outcome_has_its_disposition() {
         check(Outcome::applied(key(), "t1".into(), json!({})), "settled");
-        check(Outcome::replayed(key(), Some("t1".into()), Some(json!({}))), "settled");
+        check(
+            Outcome::replayed(key(), Some("t1".into()), Some(json!({}))),
+            "settled",
+        );
         check(Outcome::unknown(key(), "lost"), "parked");
-        check(Outcome::in_flight(key(), NextAction::Poll, 3), "retry 3000ms");
-        check(Outcome::in_flight(key(), NextAction::AskForApproval, 60), "parked");
+        check(
+            Outcome::in_flight(key(), NextAction::Poll, 3),
+            "retry 3000ms",
+        );
+        check(
+            Outcome::in_flight(key(), NextAction::AskForApproval, 60),
+            "parked",
+        );
         check(rejected(ErrorCode::DownstreamRejected, None), "settled");
         check(rejected(ErrorCode::ApprovalDenied, None), "settled");
         check(rejected(ErrorCode::ApprovalExpired, None), "settled");
         check(rejected(ErrorCode::ExpiredOperation, None), "settled");
         check(rejected(ErrorCode::PossibleDuplicateIntent, None), "parked");
-        check(rejected(ErrorCode::StoreUnavailable, Some(1)), "retry 1000ms");
-        check(rejected(ErrorCode::DownstreamUnavailable, Some(5)), "retry 5000ms");
-        check(rejected(ErrorCode::AuthorizationUnavailable, None), "retry 1000ms");
+        check(
+            rejected(ErrorCode::StoreUnavailable, Some(1)),
+            "retry 1000ms",
+        );
+        check(
+            rejected(ErrorCode::DownstreamUnavailable, Some(5)),
+            "retry 5000ms",
+        );
+        check(
+            rejected(ErrorCode::AuthorizationUnavailable, None),
+            "retry 1000ms",
+        );
         check(rejected(ErrorCode::InternalError, None), "retry 1000ms");
         check(rejected(ErrorCode::InvalidArguments, None), "refused");
         check(rejected(ErrorCode::MissingOperationKey, None), "refused");

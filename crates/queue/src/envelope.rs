@@ -118,7 +118,10 @@ mod tests {
             r#"{"workflow_id":"w","step_id":"s","tool":"t","arguments":{},"actor":"svc"}"#,
             "ok w/s t",
         );
-        check(r#"{"step_id":"s","tool":"t","arguments":{}}"#, "missing field `workflow_id`");
+        check(
+            r#"{"step_id":"s","tool":"t","arguments":{}}"#,
+            "missing field `workflow_id`",
+        );
         check(
             r#"{"workflow_id":"w","step_id":"s","tool":"t","arguments":{},"message_id":"m1"}"#,
             "unknown field `message_id`",
@@ -127,7 +130,10 @@ mod tests {
             r#"{"workflow_id":"w","workflow_id":"v","step_id":"s","tool":"t","arguments":{}}"#,
             "not strict JSON",
         );
-        check(r#"{"workflow_id":1,"step_id":"s","tool":"t","arguments":{}}"#, "invalid type");
+        check(
+            r#"{"workflow_id":1,"step_id":"s","tool":"t","arguments":{}}"#,
+            "invalid type",
+        );
         check("not json", "not strict JSON");
         check("[1]", "must be a JSON object");
     }
@@ -139,7 +145,10 @@ mod tests {
             max_depth: 4,
         };
         let e = Envelope::parse(br#"{"workflow_id":"w"}"#, limits).unwrap_err();
-        assert_eq!(e.to_string(), "the envelope is 19 bytes, more than the 10 this consumer reads");
+        assert_eq!(
+            e.to_string(),
+            "the envelope is 19 bytes, more than the 10 this consumer reads"
+        );
     }
 
     #[test]
@@ -151,6 +160,9 @@ mod tests {
             arguments: serde_json::json!({"to": "a@b.c"}),
             actor: None,
         };
-        assert_eq!(Envelope::parse(&e.to_bytes(), Limits::default()).unwrap(), e);
+        assert_eq!(
+            Envelope::parse(&e.to_bytes(), Limits::default()).unwrap(),
+            e
+        );
     }
 }

@@ -180,8 +180,7 @@ pub async fn ensure_stream(
                     if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
             ) =>
         {
-            js
-            .create_stream(jetstream::stream::Config {
+            js.create_stream(jetstream::stream::Config {
                 name: options.stream.clone(),
                 subjects: options.subjects.clone(),
                 ..Default::default()
@@ -347,7 +346,10 @@ mod tests {
         let fault = AckFault::dropping(0.25, 7).unwrap();
         let dropped = (0..10_000).filter(|s| fault.drops(*s, 1)).count();
         assert!((2_200..2_800).contains(&dropped), "dropped {dropped}");
-        assert_eq!((0..1000).filter(|s| AckFault::none().drops(*s, 1)).count(), 0);
+        assert_eq!(
+            (0..1000).filter(|s| AckFault::none().drops(*s, 1)).count(),
+            0
+        );
         assert!(AckFault::dropping(1.5, 0).is_err());
     }
 }

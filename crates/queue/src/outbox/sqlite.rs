@@ -136,12 +136,14 @@ mod tests {
             .unwrap();
 
         let tx = conn.transaction().unwrap();
-        tx.execute("INSERT INTO orders VALUES ('kept')", []).unwrap();
+        tx.execute("INSERT INTO orders VALUES ('kept')", [])
+            .unwrap();
         enqueue(&tx, &envelope("kept")).unwrap();
         tx.commit().unwrap();
 
         let tx = conn.transaction().unwrap();
-        tx.execute("INSERT INTO orders VALUES ('dropped')", []).unwrap();
+        tx.execute("INSERT INTO orders VALUES ('dropped')", [])
+            .unwrap();
         enqueue(&tx, &envelope("dropped")).unwrap();
         tx.rollback().unwrap();
 
