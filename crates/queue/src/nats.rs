@@ -257,8 +257,14 @@ pub async fn run(
         let message = match next {
             Some(Ok(message)) => message,
             Some(Err(e)) => {
-                // Heartbeats missed, a reconnect: the stream resumes by itself.
+                // Heartbeats missed, a reconnect: the stream resumes by itself. A pause, so a
+                // lasting fault logs a line a second at most rather than spinning.
                 tracing::warn!(error = %e, "reading messages");
+                drop(permit);
+                tokio::select! {
+                    _ = &mut shutdown => break Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
                 continue;
             }
             None => {
