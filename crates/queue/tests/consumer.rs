@@ -94,7 +94,7 @@ async fn redeliveries_with_new_message_ids_are_one_effect() {
 
 #[tokio::test]
 async fn malformed_envelopes_and_unknown_tools_leave_no_record_and_no_effect() {
-    let (h, consumer, contract) = setup();
+    let (h, consumer, _) = setup();
     let bad: Vec<Vec<u8>> = vec![
         b"{".to_vec(),
         br#"{"workflow_id":"w","step_id":"s","tool":"t","arguments":{},"tenant":"other"}"#.to_vec(),
