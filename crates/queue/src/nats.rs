@@ -310,7 +310,7 @@ async fn handle(
         tokio::pin!(work);
         // Tell the server the work goes on, at half the ack wait, so a slow effect is not
         // delivered to another handler meanwhile (that one would only hear `in_flight`).
-        let mut progress = tokio::time::interval(ack_wait / 2);
+        let mut progress = tokio::time::interval((ack_wait / 2).max(Duration::from_millis(100)));
         progress.tick().await;
         loop {
             tokio::select! {
