@@ -12,10 +12,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod conformance;
+mod consume;
 mod contract;
 mod demo;
 mod migrate;
 mod ops;
+mod outbox;
 mod stores;
 mod token;
 #[cfg(feature = "otel")]
@@ -66,6 +68,12 @@ enum Command {
     Token(token::Command),
     /// Apply a store's schema migrations and report its schema version.
     Migrate(migrate::MigrateArgs),
+    /// Consume jobs from NATS JetStream: each message's envelope names its operation, which
+    /// is claimed like any other before the effect; acknowledged once its record settles.
+    Consume(consume::ConsumeArgs),
+    /// The transactional outbox of an application's own database.
+    #[command(subcommand)]
+    Outbox(outbox::Command),
 }
 
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
@@ -144,7 +152,11 @@ fn main() -> ExitCode {
         cli.log_format,
         matches!(
             cli.command,
-            Command::Serve(_) | Command::Mcp(_) | Command::Wrap(_)
+            Command::Serve(_)
+                | Command::Mcp(_)
+                | Command::Wrap(_)
+                | Command::Consume(_)
+                | Command::Outbox(_)
         ),
     );
     let result = match cli.command {
@@ -183,6 +195,12 @@ fn main() -> ExitCode {
         Command::Ops(args) => runtime().and_then(|rt| rt.block_on(ops::run(args))),
         Command::Token(command) => token::run(command),
         Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),
+        Command::Consume(args) => runtime()
+            .and_then(|rt| rt.block_on(consume::run(args)))
+            .map(|()| ExitCode::SUCCESS),
+        Command::Outbox(command) => runtime()
+            .and_then(|rt| rt.block_on(outbox::run(command)))
+            .map(|()| ExitCode::SUCCESS),
     };
     if let Some(traces) = traces {
         traces.shutdown();

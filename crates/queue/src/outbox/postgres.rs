@@ -1,0 +1,90 @@
+//! The outbox in the application's PostgreSQL database (tokio-postgres).
+
+use tokio_postgres::{Client, Transaction};
+
+use super::{Entry, Error, checked, now_millis};
+use crate::envelope::Envelope;
+
+/// The outbox table and its index (`sql/outbox.postgres.sql`). Idempotent.
+pub const DDL: &str = include_str!("../../sql/outbox.postgres.sql");
+
+/// Creates the outbox table if it does not exist.
+pub async fn install(client: &Client) -> Result<(), Error> {
+    client.batch_execute(DDL).await?;
+    Ok(())
+}
+
+/// Writes `envelope` into the outbox inside the application's transaction `tx`: it commits
+/// with the business write, or not at all. Returns the entry's row id.
+pub async fn enqueue(tx: &Transaction<'_>, envelope: &Envelope) -> Result<i64, Error> {
+    let text = checked(envelope)?;
+    let row = tx
+        .query_one(
+            "INSERT INTO idemgate_outbox (workflow_id, step_id, tool, envelope, created_at)
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+            &[
+                &envelope.workflow_id,
+                &envelope.step_id,
+                &envelope.tool,
+                &text,
+                &now_millis(),
+            ],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// A publisher's view of a PostgreSQL outbox, over a client of its own.
+pub struct PgOutbox {
+    client: Client,
+}
+
+impl PgOutbox {
+    /// Over `client`, making sure the table exists.
+    pub async fn new(client: Client) -> Result<PgOutbox, Error> {
+        install(&client).await?;
+        Ok(PgOutbox { client })
+    }
+
+    /// Up to `limit` unsent entries, oldest first.
+    pub async fn unsent(&self, limit: usize) -> Result<Vec<Entry>, Error> {
+        let rows = self
+            .client
+            .query(
+                "SELECT id, envelope, attempts FROM idemgate_outbox
+                 WHERE sent_at IS NULL ORDER BY id LIMIT $1",
+                &[&(limit as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Entry {
+                id: r.get(0),
+                envelope: r.get(1),
+                attempts: i64::from(r.get::<_, i32>(2)),
+            })
+            .collect())
+    }
+
+    /// Counts a publication of `ids` before it starts.
+    pub async fn count_attempt(&self, ids: &[i64]) -> Result<(), Error> {
+        self.client
+            .execute(
+                "UPDATE idemgate_outbox SET attempts = attempts + 1 WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Marks `ids` sent, in one statement.
+    pub async fn mark_sent(&self, ids: &[i64]) -> Result<(), Error> {
+        self.client
+            .execute(
+                "UPDATE idemgate_outbox SET sent_at = $1 WHERE id = ANY($2) AND sent_at IS NULL",
+                &[&now_millis(), &ids],
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! The outbox in the application's SQLite database (rusqlite).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, Transaction, params};
+
+use super::{Entry, Error, checked, now_millis};
+use crate::envelope::Envelope;
+
+/// The outbox table and its index (`sql/outbox.sqlite.sql`). Idempotent.
+pub const DDL: &str = include_str!("../../sql/outbox.sqlite.sql");
+
+/// Creates the outbox table if it does not exist.
+pub fn install(conn: &Connection) -> Result<(), Error> {
+    conn.execute_batch(DDL)?;
+    Ok(())
+}
+
+/// Writes `envelope` into the outbox inside the application's transaction `tx`: it commits
+/// with the business write, or not at all. Returns the entry's row id.
+pub fn enqueue(tx: &Transaction<'_>, envelope: &Envelope) -> Result<i64, Error> {
+    let text = checked(envelope)?;
+    tx.execute(
+        "INSERT INTO idemgate_outbox (workflow_id, step_id, tool, envelope, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![
+            envelope.workflow_id,
+            envelope.step_id,
+            envelope.tool,
+            text,
+            now_millis()
+        ],
+    )?;
+    Ok(tx.last_insert_rowid())
+}
+
+/// A publisher's view of an SQLite outbox: its own connection to the application's file.
+#[derive(Clone)]
+pub struct SqliteOutbox {
+    path: PathBuf,
+    // A std mutex: each use is one short statement, never held across an await.
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteOutbox {
+    /// Opens the application's database at `path` and makes sure the table exists. The
+    /// application keeps writing through its own connections meanwhile (WAL is advised).
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteOutbox, Error> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open(&path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        install(&conn)?;
+        Ok(SqliteOutbox {
+            path,
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Up to `limit` unsent entries, oldest first.
+    pub fn unsent(&self, limit: usize) -> Result<Vec<Entry>, Error> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, envelope, attempts FROM idemgate_outbox
+             WHERE sent_at IS NULL ORDER BY id LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit as i64], |r| {
+            Ok(Entry {
+                id: r.get(0)?,
+                envelope: r.get(1)?,
+                attempts: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Counts a publication of `ids` before it starts (telemetry: how often rows went out).
+    pub fn count_attempt(&self, ids: &[i64]) -> Result<(), Error> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        for id in ids {
+            tx.execute(
+                "UPDATE idemgate_outbox SET attempts = attempts + 1 WHERE id = ?1",
+                [id],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks `ids` sent, in one transaction.
+    pub fn mark_sent(&self, ids: &[i64]) -> Result<(), Error> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let now = now_millis();
+        for id in ids {
+            tx.execute(
+                "UPDATE idemgate_outbox SET sent_at = ?1 WHERE id = ?2 AND sent_at IS NULL",
+                params![now, id],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(step: &str) -> Envelope {
+        Envelope {
+            workflow_id: "order_1".into(),
+            step_id: step.into(),
+            tool: "email.send".into(),
+            arguments: serde_json::json!({"to": "a@b.c"}),
+            actor: None,
+        }
+    }
+
+    #[test]
+    fn an_entry_commits_or_rolls_back_with_the_business_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.db");
+        let mut conn = Connection::open(&path).unwrap();
+        install(&conn).unwrap();
+        conn.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+            .unwrap();
+
+        let tx = conn.transaction().unwrap();
+        tx.execute("INSERT INTO orders VALUES ('kept')", [])
+            .unwrap();
+        enqueue(&tx, &envelope("kept")).unwrap();
+        tx.commit().unwrap();
+
+        let tx = conn.transaction().unwrap();
+        tx.execute("INSERT INTO orders VALUES ('dropped')", [])
+            .unwrap();
+        enqueue(&tx, &envelope("dropped")).unwrap();
+        tx.rollback().unwrap();
+
+        let outbox = SqliteOutbox::open(&path).unwrap();
+        let unsent = outbox.unsent(10).unwrap();
+        assert_eq!(unsent.len(), 1);
+        let read = Envelope::parse(unsent[0].envelope.as_bytes(), Default::default()).unwrap();
+        assert_eq!(read, envelope("kept"));
+        outbox.mark_sent(&[unsent[0].id]).unwrap();
+        assert!(outbox.unsent(10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_entry_without_a_step_is_refused_before_it_is_written() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        install(&conn).unwrap();
+        let tx = conn.transaction().unwrap();
+        let e = enqueue(&tx, &envelope("")).unwrap_err();
+        assert_eq!(e.to_string(), "the outbox entry names no step_id");
+    }
+}
