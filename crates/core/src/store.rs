@@ -170,8 +170,7 @@ impl WaitingOn {
                 matches!(dispatch, crate::record::Dispatch::Job { .. })
             }
             (RecordState::Pending { lease, dispatch }, WaitingOn::LeaseExpired { now }) => {
-                !matches!(dispatch, crate::record::Dispatch::Job { .. })
-                    && lease.expires_at <= *now
+                !matches!(dispatch, crate::record::Dispatch::Job { .. }) && lease.expires_at <= *now
             }
             (
                 RecordState::AwaitingApproval { .. }

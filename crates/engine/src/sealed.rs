@@ -15,7 +15,8 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition, Waiting,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
+    Waiting,
 };
 use serde_json::Value;
 

@@ -117,7 +117,7 @@ fn app(
                 }
             }),
         )
-        .route("/console", get(console::page))
+        .merge(console::routes())
         .fallback(api::fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state);

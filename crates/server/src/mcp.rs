@@ -150,7 +150,7 @@ pub fn service(
     let tokens = state.inner().tokens.clone();
     idemgate_mcp::streamable_http_service(
         Arc::new(state.clone()),
-        move |parts: &Parts| authenticate(&tokens, parts),
+        move |parts: &Parts| authenticate(&tokens.current(), parts),
         state.inner().mcp_hosts.clone(),
     )
 }
