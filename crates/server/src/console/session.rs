@@ -94,11 +94,16 @@ fn session_cookie(id: &str, max_age: u64, secure: bool) -> String {
 /// sends either, it must say this origin. A client that sends neither (not a browser) is held
 /// to the CSRF token alone.
 pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+    for name in ["sec-fetch-site", "origin"] {
+        if headers.get_all(name).iter().count() > 1 {
+            return Err(format!("The form arrived with more than one {name} header"));
+        }
+    }
     if let Some(site) = headers.get("sec-fetch-site") {
         let site = site.to_str().unwrap_or("");
         if site != "same-origin" {
             return Err(format!(
-                "the form was sent from another site (Sec-Fetch-Site: {site})"
+                "The form was sent from another site (Sec-Fetch-Site: {site})"
             ));
         }
     }
@@ -113,7 +118,7 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), String> {
             .or_else(|| origin.strip_prefix("https://"));
         if host.is_empty() || named != Some(host) {
             return Err(format!(
-                "the form was sent from another origin ({origin}, not this gateway's)"
+                "The form was sent from another origin ({origin}, not this gateway's)"
             ));
         }
     }
@@ -132,6 +137,7 @@ fn same_token(a: &str, b: &str) -> bool {
 
 /// The guard of every console POST but sign-in: an open session, this origin, and the
 /// session's CSRF token in the form. The refusal is a page that says which failed.
+#[allow(clippy::result_large_err)] // the refusal is the request's answer, made at most once
 pub(crate) fn check_post(
     state: &AppState,
     headers: &HeaderMap,
@@ -144,9 +150,9 @@ pub(crate) fn check_post(
     match csrf {
         Some(token) if same_token(token, &session.csrf) => Ok(session),
         Some(_) => Err(forged(
-            "the form's CSRF token is not this session's (an old page, or a forged form)".into(),
+            "The form's CSRF token is not this session's (an old page, or a forged form)".into(),
         )),
-        None => Err(forged("the form carries no CSRF token".into())),
+        None => Err(forged("The form carries no CSRF token".into())),
     }
 }
 

@@ -134,8 +134,17 @@ pub fn evidence(record: &Record, events: &[Event]) -> Vec<String> {
         | RecordState::FailedPermanent(_)
         | RecordState::Tombstone(_) => {}
     }
+    let reason = match &record.state {
+        RecordState::Unknown(e) => Some(e.reason.as_str()),
+        _ => None,
+    };
     for e in events.iter().filter(|e| is_recovery(e.kind)) {
-        let detail = e.detail.as_deref().unwrap_or("");
+        // The event that recorded the reason above says when and who, not the reason again.
+        let detail = match e.detail.as_deref() {
+            Some(d) if Some(d) == reason => "",
+            Some(d) => d,
+            None => "",
+        };
         lines.push(
             format!(
                 "{} (attempt {}, {}) {detail}",

@@ -303,7 +303,7 @@ try {
     maxRedirects: 0,
   });
   assert.equal(noToken.status(), 403);
-  assert.match(await noToken.text(), /no CSRF token/);
+  assert.match(await noToken.text(), /carries no CSRF token/);
   assert.equal((await record(forgedKey)).record_status, 'unknown', 'nothing changed');
   assert.equal(fake.effectsFor(forgedKey), 1);
   void target;
