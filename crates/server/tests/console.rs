@@ -530,3 +530,49 @@ async fn agent_text_is_escaped_and_queues_count() {
     .await;
     assert!(!other.text.contains(key.as_str()));
 }
+
+#[tokio::test]
+async fn queues_of_claims_past_their_lease_and_of_jobs() {
+    use idemgate_conformance::store_suite::{pending, record};
+    use idemgate_core::record::{Dispatch, Lease, RecordState};
+    let e = env();
+    let job = RecordState::Pending {
+        lease: Lease {
+            owner: Some("w".into()),
+            expires_at: EPOCH + 60_000,
+        },
+        dispatch: Dispatch::Job {
+            job_id: "job-7".into(),
+        },
+    };
+    let rows = [
+        record(
+            &format!("acme:{ENV}:stuck:s"),
+            pending("w-gone", EPOCH - 5_000),
+        ),
+        record(
+            &format!("acme:{ENV}:live:s"),
+            pending("w-live", EPOCH + 30_000),
+        ),
+        record(&format!("acme:{ENV}:job:s"), job),
+        record(
+            &format!("globex:{ENV}:stuck:s"),
+            pending("w-gone", EPOCH - 5_000),
+        ),
+    ];
+    for r in rows {
+        e.store.claim(r, Vec::new()).await.unwrap();
+    }
+    let me = sign_in(&e.app, OPERATOR).await;
+    let counts = route(&e.app, get("/console/counts.json", &me.cookie)).await;
+    assert_eq!(counts.json["overdue"], 1, "{}", counts.text);
+    assert_eq!(counts.json["jobs"], 1, "{}", counts.text);
+    let overdue = route(&e.app, get("/console?queue=overdue", &me.cookie)).await;
+    assert!(overdue.text.contains(&format!("acme:{ENV}:stuck:s")));
+    assert!(overdue.text.contains("held by w-gone"), "{}", overdue.text);
+    assert!(!overdue.text.contains(&format!("acme:{ENV}:live:s")));
+    assert!(!overdue.text.contains("globex"));
+    let jobs = route(&e.app, get("/console?queue=jobs", &me.cookie)).await;
+    assert!(jobs.text.contains(&format!("acme:{ENV}:job:s")));
+    assert!(!jobs.text.contains(&format!("acme:{ENV}:stuck:s")));
+}

@@ -88,7 +88,8 @@ struct Page {
     approved_by: Option<String>,
     created: When,
     updated: When,
-    lease: Option<String>,
+    /// The pending claim's lease, or the approval's deadline: (label, text).
+    lease: Option<(&'static str, String)>,
     arguments: Option<String>,
     receipt: Option<Receipt>,
     refusal: Option<String>,
@@ -274,21 +275,27 @@ async fn render(
         RecordState::Pending { lease, dispatch } => (
             None,
             None,
-            Some(format!(
-                "{} until {} ({}); dispatch {}",
-                lease.owner.as_deref().unwrap_or("released"),
-                view::utc(lease.expires_at),
-                view::age(lease.expires_at, now),
-                dispatch.tag()
+            Some((
+                "lease",
+                format!(
+                    "{} until {} ({}); dispatch {}",
+                    lease.owner.as_deref().unwrap_or("released"),
+                    view::utc(lease.expires_at),
+                    view::age(lease.expires_at, now),
+                    dispatch.tag()
+                ),
             )),
         ),
         RecordState::AwaitingApproval { until } => (
             None,
             None,
-            Some(format!(
-                "approval window ends {} ({})",
-                view::utc(*until),
-                view::age(*until, now)
+            Some((
+                "approval deadline",
+                format!(
+                    "{} ({}); past it, the operation expires unapproved",
+                    view::utc(*until),
+                    view::age(*until, now)
+                ),
             )),
         ),
         RecordState::Tombstone(digest) => (

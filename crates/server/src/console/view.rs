@@ -129,10 +129,10 @@ pub fn evidence(record: &Record, events: &[Event]) -> Vec<String> {
             let owner = lease.owner.as_deref().unwrap_or("nobody (released)");
             lines.push(format!("held by {owner}; dispatch {}", dispatch.tag()));
         }
-        RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => {}
+        RecordState::AwaitingApproval { until } => {
+            lines.push(format!("approval window ends {}", utc(*until)));
+        }
+        RecordState::Applied(_) | RecordState::FailedPermanent(_) | RecordState::Tombstone(_) => {}
     }
     let reason = match &record.state {
         RecordState::Unknown(e) => Some(e.reason.as_str()),
