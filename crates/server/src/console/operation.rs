@@ -69,6 +69,8 @@ struct Actions {
     approve: bool,
     lookup: bool,
     resolve: bool,
+    /// A released claim: no action, the next delivery runs it.
+    released: bool,
 }
 
 #[derive(askama::Template)]
@@ -313,6 +315,18 @@ async fn render(
         (_, false) => Actions::default(),
         (RecordState::AwaitingApproval { .. }, true) => Actions {
             approve: true,
+            ..Actions::default()
+        },
+        // Released (an operator's `not_applied`, or a claim whose send was refused before it
+        // left): nothing to settle; the next delivery runs it.
+        (
+            RecordState::Pending {
+                lease: idemgate_core::record::Lease { owner: None, .. },
+                dispatch: idemgate_core::record::Dispatch::NotSent,
+            },
+            true,
+        ) => Actions {
+            released: true,
             ..Actions::default()
         },
         (RecordState::Unknown(_) | RecordState::Pending { .. }, true) => Actions {

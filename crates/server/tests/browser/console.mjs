@@ -317,6 +317,8 @@ try {
   await snap(page, 'confirm-not-applied');
   await page.click('#confirm-not-applied-button');
   assert.match(await page.textContent('#notice'), /Resolved not applied by operator-1/);
+  await page.locator('#released').waitFor();
+  assert.equal(await page.locator('#resolve-applied-button').count(), 0, 'a released claim offers no action');
   await snap(page, 'resolved-not-applied');
 
   // --- Sign out, then sign in again and lose the session to a SIGHUP that drops the token.
