@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
 
 use crate::gate::Gate;
@@ -341,6 +341,14 @@ impl<S: Store> Store for FaultyStore<S> {
         Box::pin(async move {
             self.read(Read::Due)?;
             self.inner.due(query).await
+        })
+    }
+
+    /// Faults as a listing: it is one.
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move {
+            self.read(Read::List)?;
+            self.inner.waiting(query).await
         })
     }
 

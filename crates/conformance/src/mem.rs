@@ -16,7 +16,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Expect, Filter, RequestUpdate, Store, SweepReport,
-    Transition, due_at,
+    Transition, Waiting, due_at,
 };
 use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
 
@@ -300,6 +300,24 @@ impl Store for MemStore {
                 .filter(|r| filter.tool.as_deref().is_none_or(|t| r.tool == t))
                 .filter(|r| filter.after.as_deref().is_none_or(|a| r.key.as_str() > a))
                 .take(page(filter.limit))
+                .cloned()
+                .collect();
+            Ok(found)
+        })
+    }
+
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            let found = tables
+                .records
+                .values()
+                .filter(|r| r.tenant() == query.tenant)
+                .filter(|r| r.key.environment() == query.environment)
+                .filter(|r| query.on.holds(r))
+                .filter(|r| query.tool.as_deref().is_none_or(|t| r.tool == t))
+                .filter(|r| query.after.as_deref().is_none_or(|a| r.key.as_str() > a))
+                .take(page(query.limit))
                 .cloned()
                 .collect();
             Ok(found)

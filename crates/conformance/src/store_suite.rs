@@ -23,7 +23,7 @@ use idemgate_core::record::{
 };
 use idemgate_core::store::{
     Cas, Claimed, Cursor, Due, Expect, Expiry, Filter, RequestUpdate, Store, SweepReport,
-    Transition, due_at,
+    Transition, Waiting, WaitingOn, due_at,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -59,6 +59,7 @@ where
     list_default_page(fresh().await).await;
     due_finds_deadlines_passed_in_order(fresh().await).await;
     due_pages_by_cursor_and_limit(fresh().await).await;
+    waiting_lists_expired_claims_and_jobs(fresh().await).await;
     duplicate_intent_names_the_earliest_match(fresh().await).await;
     duplicate_intent_inserts_nothing(fresh().await).await;
     concurrent_duplicate_intents_insert_once(fresh().await).await;
@@ -71,7 +72,7 @@ where
 }
 
 /// How many cases [`run`] runs, for store crates that check they ran them all.
-pub const CASES: usize = 24;
+pub const CASES: usize = 25;
 
 // ---------------------------------------------------------------------------------------------
 // Building records.
@@ -1367,6 +1368,117 @@ async fn claim_guarded<S: Store>(store: &S, record: &Record, since: Millis) -> C
         .claim_unless_duplicate(record.clone(), Vec::new(), since)
         .await
         .expect("claim_unless_duplicate succeeds")
+}
+
+/// The operator's queues of pending records: claims past their lease (owned or released, never
+/// a job, never one still live) and jobs in progress, each of one tenant and one environment,
+/// by tool, in key order, paged after a cursor. Nothing else (approvals, unknown, applied)
+/// appears in either.
+pub async fn waiting_lists_expired_claims_and_jobs<S: Store>(store: S) {
+    let job = |expires_at| RecordState::Pending {
+        lease: Lease {
+            owner: Some("w".into()),
+            expires_at,
+        },
+        dispatch: Dispatch::Job {
+            job_id: "job-1".into(),
+        },
+    };
+    let released = RecordState::Pending {
+        lease: Lease {
+            owner: None,
+            expires_at: 4_000,
+        },
+        dispatch: Dispatch::NotSent,
+    };
+    let sent = RecordState::Pending {
+        lease: Lease {
+            owner: Some("w".into()),
+            expires_at: 3_000,
+        },
+        dispatch: Dispatch::Sent,
+    };
+    let mut other_tool = record("acme:prod:wf-wait:s06", pending("w", 2_000));
+    other_tool.tool = OTHER_TOOL.into();
+    let records = vec![
+        record("acme:prod:wf-wait:s01", pending("w", 2_000)),
+        record("acme:prod:wf-wait:s02", pending("w", 9_000)),
+        record("acme:prod:wf-wait:s03", released),
+        record("acme:prod:wf-wait:s04", sent),
+        record("acme:prod:wf-wait:s05", job(1_000)),
+        other_tool,
+        record("acme:prod:wf-wait:s07", job(90_000)),
+        record("acme:prod:wf-wait:s08", awaiting(1_500)),
+        record("acme:prod:wf-wait:s09", unknown()),
+        record("acme:prod:wf-wait:s10", applied("t-10")),
+        record("acme:staging:wf-wait:s11", pending("w", 2_000)),
+        record("globex:prod:wf-wait:s12", pending("w", 2_000)),
+        record("globex:prod:wf-wait:s13", job(1_000)),
+    ];
+    for r in &records {
+        claim_new(&store, r, Vec::new()).await;
+    }
+    let query = |on, tool: Option<&str>, after: Option<&str>, limit| Waiting {
+        tenant: "acme".into(),
+        environment: "prod".into(),
+        on,
+        tool: tool.map(str::to_string),
+        after: after.map(str::to_string),
+        limit,
+    };
+    let expired = WaitingOn::LeaseExpired { now: 5_000 };
+    let found = store
+        .waiting(query(expired, None, None, 0))
+        .await
+        .expect("waiting succeeds");
+    assert_eq!(
+        keys(&found),
+        [
+            "acme:prod:wf-wait:s01",
+            "acme:prod:wf-wait:s03",
+            "acme:prod:wf-wait:s04",
+            "acme:prod:wf-wait:s06",
+        ],
+        "claims past their lease: owned, released, maybe sent, of any tool"
+    );
+    assert!(found.iter().all(|r| expired.holds(r)));
+    // The lease that runs out at 9 000 is live at 5 000 and past at 9 000 ("at or before").
+    let later = store
+        .waiting(query(WaitingOn::LeaseExpired { now: 9_000 }, None, None, 0))
+        .await
+        .expect("waiting succeeds");
+    assert!(keys(&later).contains(&"acme:prod:wf-wait:s02".to_string()));
+    let by_tool = store
+        .waiting(query(expired, Some(OTHER_TOOL), None, 0))
+        .await
+        .expect("waiting succeeds");
+    assert_eq!(keys(&by_tool), ["acme:prod:wf-wait:s06"]);
+    let first = store
+        .waiting(query(expired, None, None, 2))
+        .await
+        .expect("waiting succeeds");
+    assert_eq!(
+        keys(&first),
+        ["acme:prod:wf-wait:s01", "acme:prod:wf-wait:s03"]
+    );
+    let rest = store
+        .waiting(query(expired, None, Some("acme:prod:wf-wait:s03"), 2))
+        .await
+        .expect("waiting succeeds");
+    assert_eq!(
+        keys(&rest),
+        ["acme:prod:wf-wait:s04", "acme:prod:wf-wait:s06"]
+    );
+    let jobs = store
+        .waiting(query(WaitingOn::Job, None, None, 0))
+        .await
+        .expect("waiting succeeds");
+    assert_eq!(
+        keys(&jobs),
+        ["acme:prod:wf-wait:s05", "acme:prod:wf-wait:s07"],
+        "jobs in progress, due for a poll or not"
+    );
+    assert_eq!(stored(&store, &key("acme:prod:wf-wait:s05")).await, jobs[0]);
 }
 
 /// The same fingerprint under another key of the same tenant and tool, claimed with the window

@@ -157,6 +157,52 @@ pub fn due_at(record: &Record) -> Option<Millis> {
     }
 }
 
+/// What a pending record waits on, as the operator's queues name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingOn {
+    /// A claim (owned or released, not a job) whose lease ran out at or before `now`: a worker
+    /// that stopped, or a released claim no delivery took up, that recovery has yet to settle.
+    LeaseExpired { now: Millis },
+    /// An accepted job still being polled, whatever its next poll.
+    Job,
+}
+
+impl WaitingOn {
+    /// Whether `record` is in this queue (the rule every store follows).
+    pub fn holds(&self, record: &Record) -> bool {
+        match (&record.state, self) {
+            (RecordState::Pending { dispatch, .. }, WaitingOn::Job) => {
+                matches!(dispatch, crate::record::Dispatch::Job { .. })
+            }
+            (RecordState::Pending { lease, dispatch }, WaitingOn::LeaseExpired { now }) => {
+                !matches!(dispatch, crate::record::Dispatch::Job { .. }) && lease.expires_at <= *now
+            }
+            (
+                RecordState::AwaitingApproval { .. }
+                | RecordState::Applied(_)
+                | RecordState::FailedPermanent(_)
+                | RecordState::Unknown(_)
+                | RecordState::Tombstone(_),
+                _,
+            ) => false,
+        }
+    }
+}
+
+/// An operator's queue of pending records: one tenant's, in one environment, by what they wait
+/// on, ordered by key and paged like a listing (`limit == 0` is a page of 100, none is larger
+/// than 1000).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub tenant: String,
+    pub environment: String,
+    pub on: WaitingOn,
+    pub tool: Option<String>,
+    /// Only keys greater than this one (keyset pagination).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
 /// What one retention sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SweepReport {
@@ -231,6 +277,11 @@ pub trait Store: Send + Sync + 'static {
     /// Records whose deadline has come, for the recoverer (see the trait's rule): at most
     /// `limit`, in (`due_at`, key) order after the cursor.
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
+
+    /// Pending records of one tenant and environment that wait on what `query.on` names
+    /// ([`WaitingOn::holds`]), ordered by key after the cursor: the operator's queues of
+    /// claims past their lease and of jobs in progress.
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
     /// One retention sweep of `environment`, of at most `limit` rows of each kind (see the
     /// trait's rule).
@@ -327,6 +378,9 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).due(query)
+    }
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        (**self).waiting(query)
     }
     fn sweep<'a>(
         &'a self,

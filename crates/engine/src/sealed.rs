@@ -16,6 +16,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
+    Waiting,
 };
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use serde_json::Value;
@@ -257,6 +258,10 @@ impl<S: Store> Store for SealedStore<S> {
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move { self.open_all(self.inner.due(query).await?) })
+    }
+
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.open_all(self.inner.waiting(query).await?) })
     }
 
     fn sweep<'a>(

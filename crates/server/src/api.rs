@@ -275,6 +275,7 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiE
     state
         .inner()
         .tokens
+        .current()
         .authenticate(headers)
         .map_err(ApiError::unauthenticated)
 }

@@ -16,6 +16,8 @@
 //!   problem's `type` names (`/problems/{code}`) and `docs/errors.md`.
 //! - [`openapi`] — the document's enums from the core's own lists and the answer headers,
 //!   declared by one rule on every response that carries them.
+//! - [`console`] — the operator console at `/console`: sessions, queues, an operation's page
+//!   and the operator actions, server-rendered.
 //! - [`mcp`] — the MCP face over the same state: `/mcp` (streamable HTTP, the same bearer
 //!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
@@ -119,7 +121,7 @@ fn app(
                 }
             }),
         )
-        .route("/console", get(console::page))
+        .merge(console::routes())
         .fallback(api::fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state);

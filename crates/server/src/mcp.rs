@@ -166,7 +166,7 @@ pub fn service(
     let tokens = state.inner().tokens.clone();
     idemgate_mcp::streamable_http_service_with(
         Arc::new(state.clone()),
-        move |parts: &Parts| authenticate(&tokens, parts),
+        move |parts: &Parts| authenticate(&tokens.current(), parts),
         idemgate_mcp::HttpOptions {
             allowed_hosts: state.inner().mcp_hosts.clone(),
             options: idemgate_mcp::Options {

@@ -15,7 +15,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Outcome;
 use idemgate_core::record::{Event, EventKind, Millis, Record, RecordStatus};
 use idemgate_core::store::{
-    self, BoxFuture, Cas, Claimed, Due, Filter, Store, SweepReport, Transition,
+    self, BoxFuture, Cas, Claimed, Due, Filter, Store, SweepReport, Transition, Waiting,
 };
 use idemgate_engine::Observer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -202,6 +202,9 @@ impl Store for MeteredStore {
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         self.inner.due(query)
+    }
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        self.inner.waiting(query)
     }
     fn sweep<'a>(
         &'a self,

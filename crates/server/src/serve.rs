@@ -2,7 +2,8 @@
 //! store, load the contracts, start the recoverer and the retention sweeper, and serve until
 //! Ctrl-C or SIGTERM — then stop accepting, finish the requests in flight, and stop the
 //! background work. Nothing is released on the way out: a claim whose effect may have been
-//! sent stays for recovery.
+//! sent stays for recovery. SIGHUP reads the configuration file's tokens again (and only
+//! them): a token removed from the file stops working, and its console sessions end.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -121,6 +122,45 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Reads the tokens of the configuration file at `path` again and makes them the gateway's
+/// current set. A file that no longer reads (or checks) leaves the current set in place: a
+/// typo must not lock every operator out. Returns how many tokens are now accepted.
+pub fn reload_tokens(
+    path: &std::path::Path,
+    tokens: &crate::auth::TokenSet,
+) -> Result<usize, Error> {
+    let loaded = Config::load(path)?;
+    let fresh = Tokens::from_config(&loaded.config.tenants);
+    let count = fresh.len();
+    tokens.replace(fresh);
+    Ok(count)
+}
+
+/// Reloads the tokens from `path` on every SIGHUP, until the process ends.
+#[cfg(unix)]
+async fn reload_on_hangup(path: PathBuf, tokens: crate::auth::TokenSet) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+    else {
+        eprintln!("idemgate: warning: SIGHUP cannot be caught; tokens reload only on restart");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match reload_tokens(&path, &tokens) {
+            Ok(count) => {
+                tracing::info!(tokens = count, file = %path.display(), "tokens reloaded on SIGHUP");
+                println!(
+                    "idemgate: SIGHUP: {count} tokens reloaded from {}",
+                    path.display()
+                );
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the configuration did not reload; the tokens in use are kept");
+                eprintln!("idemgate: SIGHUP: {e}; the tokens in use are kept");
+            }
+        }
+    }
+}
+
 /// Checks settings that can only be judged at start: the encryption key must be readable, or
 /// the gateway refuses to start rather than store results unencrypted.
 pub fn check_supported(config: &Config) -> Result<(), Error> {
@@ -174,6 +214,12 @@ pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result
         .public_url(config.public_url())
         .webhooks(
             crate::webhooks::Sources::from_config(&config.webhooks).map_err(Error::Unsupported)?,
+        )
+        .secure_cookies(
+            config
+                .public_url
+                .as_deref()
+                .is_some_and(|url| url.to_ascii_lowercase().starts_with("https://")),
         )
         .build())
 }
@@ -258,6 +304,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         },
     );
     let background = tokio::spawn(recoverer);
+    #[cfg(unix)]
+    let hangup = args
+        .config
+        .clone()
+        .map(|path| tokio::spawn(reload_on_hangup(path, state.tokens().clone())));
 
     let served = crate::run(listener, state, async {
         shutdown_signal().await;
@@ -266,6 +317,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
     .await;
     let _ = stop.send(true);
     let _ = background.await;
+    #[cfg(unix)]
+    if let Some(hangup) = hangup {
+        hangup.abort();
+    }
     served.map_err(Error::Serve)
 }
 

@@ -6,7 +6,7 @@ use idemgate_core::clock::{Clock, SystemClock};
 use idemgate_core::store::Store;
 use idemgate_engine::{Executor, Recoverer, Settings};
 
-use crate::auth::Tokens;
+use crate::auth::{Sessions, TokenSet, Tokens};
 use crate::config::Limits;
 use crate::metrics::{MeteredStore, OutcomeCounter, TimedDownstream};
 use crate::problems::ProblemBase;
@@ -21,7 +21,12 @@ pub struct AppState {
 pub(crate) struct Inner {
     pub executor: Executor,
     pub tools: Arc<ToolSet>,
-    pub tokens: Tokens,
+    /// The current tokens: `serve` replaces them on SIGHUP.
+    pub tokens: TokenSet,
+    /// The console's signed-in operators.
+    pub sessions: Sessions,
+    /// Whether the console's cookie is `Secure` (the gateway is reached over https).
+    pub secure_cookies: bool,
     pub environment: String,
     pub limits: Limits,
     /// Accepted `Host` values at `/mcp`.
@@ -47,6 +52,8 @@ pub struct Gateway {
     mcp_identity: idemgate_core::contract::Identity,
     problem_base: Option<ProblemBase>,
     webhooks: crate::webhooks::Sources,
+    sessions: Sessions,
+    secure_cookies: bool,
 }
 
 impl Gateway {
@@ -67,7 +74,22 @@ impl Gateway {
             mcp_identity: Default::default(),
             problem_base: None,
             webhooks: crate::webhooks::Sources::default(),
+            sessions: Sessions::default(),
+            secure_cookies: false,
         }
+    }
+
+    /// The console's sessions (default: [`crate::auth::SESSION_TTL`] long).
+    pub fn sessions(mut self, sessions: Sessions) -> Gateway {
+        self.sessions = sessions;
+        self
+    }
+
+    /// Marks the console's session cookie `Secure`: set when the gateway is reached over https
+    /// (`serve` sets it when `public_url` is an https URL).
+    pub fn secure_cookies(mut self, secure: bool) -> Gateway {
+        self.secure_cookies = secure;
+        self
     }
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Gateway {
@@ -136,7 +158,9 @@ impl Gateway {
             inner: Arc::new(Inner {
                 executor,
                 tools,
-                tokens: self.tokens,
+                tokens: TokenSet::new(self.tokens),
+                sessions: self.sessions,
+                secure_cookies: self.secure_cookies,
                 environment: self.environment,
                 limits: self.limits,
                 mcp_hosts: self.mcp_hosts,
@@ -159,6 +183,11 @@ impl AppState {
 
     pub fn tools(&self) -> &Arc<ToolSet> {
         &self.inner.tools
+    }
+
+    /// The gateway's current tokens, replaceable while it runs (SIGHUP in `serve`).
+    pub fn tokens(&self) -> &TokenSet {
+        &self.inner.tokens
     }
 
     /// The environment part of every operation key this gateway makes.

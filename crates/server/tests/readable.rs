@@ -634,7 +634,6 @@ async fn every_answer_names_its_label_as_outcome() {
             Call::get("/v1/operations?status=unknown", AGENT).anonymous(),
             401,
         ),
-        (Call::get("/console", AGENT).anonymous(), 401),
         (Call::get("/v1/operations", AGENT), 403),
         (
             Call::post("/v1/operations/acme:test:o1:s/reconcile", AGENT, ""),

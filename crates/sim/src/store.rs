@@ -16,7 +16,7 @@ use std::sync::Arc;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Dispatch, Event, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
 
 use crate::runtime::{Point, Sim, block_on, yield_point};
@@ -393,6 +393,13 @@ impl<S: Store> Store for SimStore<S> {
         Box::pin(async move {
             self.before_read("due").await?;
             block_on(self.inner.due(query))
+        })
+    }
+
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move {
+            self.before_read("waiting").await?;
+            block_on(self.inner.waiting(query))
         })
     }
 

@@ -51,7 +51,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
 use idemgate_core::store::{
     self, BoxFuture, Cas, Claimed, Due, Expiry, Filter, RequestUpdate, Store, SweepReport,
-    Transition,
+    Transition, Waiting, WaitingOn,
 };
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use tokio_postgres::NoTls;
@@ -482,6 +482,35 @@ impl PgStore {
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
+    async fn waiting_records(&self, query: Waiting) -> Result<Vec<Record>, store::Error> {
+        let limit = match query.limit {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE),
+        } as i64;
+        let now = match query.on {
+            WaitingOn::LeaseExpired { now } => Some(now),
+            WaitingOn::Job => None,
+        };
+        let text = sql::waiting(now.is_some(), query.tool.is_some(), query.after.is_some());
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
+            (&query.environment, Type::TEXT),
+            (&query.tenant, Type::TEXT),
+        ];
+        if let Some(now) = &now {
+            params.push((now, Type::INT8));
+        }
+        if let Some(tool) = &query.tool {
+            params.push((tool, Type::TEXT));
+        }
+        if let Some(after) = &query.after {
+            params.push((after, Type::TEXT));
+        }
+        params.push((&limit, Type::INT8));
+        let mut conn = self.conn().await?;
+        let rows = conn.run_planned(Kind::Read, &text, &params).await?;
+        rows.iter().map(|r| record_of(r, 0)).collect()
+    }
+
     async fn due_records(&self, query: Due) -> Result<Vec<Record>, store::Error> {
         if query.limit == 0 {
             return Ok(Vec::new());
@@ -880,6 +909,10 @@ impl Store for PgStore {
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         Box::pin(self.due_records(query))
+    }
+
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.waiting_records(query))
     }
 
     fn sweep<'a>(

@@ -432,6 +432,40 @@ pub(crate) const SWEEP: &str = "
     )
     SELECT (SELECT count(*) FROM compacted), (SELECT count(*) FROM purged)";
 
+/// An operator's queue of pending records ([`WaitingOn`](idemgate_core::store::WaitingOn)) of
+/// environment `$1` and tenant `$2`: with `lease_expired`, claims (not jobs) whose lease ran
+/// out at or before `$3`; else accepted jobs. Then the tool and the cursor when given, in that
+/// order, and the limit last. The environment expression and the status condition are those
+/// of `operations_due` (migration 0004), which holds only the few records in flight.
+pub(crate) fn waiting(lease_expired: bool, tool: bool, after: bool) -> String {
+    let mut sql = format!(
+        "SELECT {} FROM operations WHERE status IN ('pending', 'awaiting_approval') \
+         AND status = 'pending' AND split_part(key, ':', 2) = $1 AND tenant = $2",
+        columns!()
+    );
+    let mut n = 2;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    if lease_expired {
+        sql.push_str(&format!(
+            " AND lease_expires_at <= ${} AND dispatch <> 'job'",
+            next()
+        ));
+    } else {
+        sql.push_str(" AND dispatch = 'job'");
+    }
+    if tool {
+        sql.push_str(&format!(" AND tool = ${}", next()));
+    }
+    if after {
+        sql.push_str(&format!(" AND key > ${}", next()));
+    }
+    sql.push_str(&format!(" ORDER BY key LIMIT ${}", next()));
+    sql
+}
+
 /// Builds the listing statement for the filters present, so that each combination gets a plan
 /// that uses its index (a single statement with `$n IS NULL OR …` clauses would get a generic
 /// plan that can use none). Listings run planned for their values (`Conn::run_planned`).

@@ -38,7 +38,7 @@ use std::time::Duration;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
-    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition,
+    BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
@@ -383,6 +383,10 @@ impl Store for SqliteStore {
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move { self.read(|conn| read::due(conn, &query)) })
+    }
+
+    fn waiting(&self, query: Waiting) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| read::waiting(conn, &query)) })
     }
 
     fn sweep<'a>(

@@ -3,7 +3,7 @@
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Record, RecordStatus, Row};
-use idemgate_core::store::{Due, Error, Filter};
+use idemgate_core::store::{Due, Error, Filter, Waiting, WaitingOn};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Statement, params, params_from_iter};
 
@@ -225,6 +225,51 @@ pub(crate) fn due(conn: &Connection, query: &Due) -> Result<Vec<Record>, Error> 
         format!(
             "finding operations of {} due at {}",
             query.environment, query.now
+        )
+    })
+}
+
+/// An operator's queue of pending records ([`WaitingOn`]). It reads the due index, which holds
+/// only pending and awaiting-approval rows (the few in flight), led by the environment, and
+/// repeats its condition word for word; the rows of one tenant's queue are then sorted by key,
+/// a sort of a handful.
+pub(crate) fn waiting(conn: &Connection, query: &Waiting) -> Result<Vec<Record>, Error> {
+    let mut sql = String::from(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM operations INDEXED BY operations_due \
+         WHERE (status = 'pending' OR status = 'awaiting_approval') AND status = 'pending' \
+         AND environment = ? AND tenant = ?"
+    ));
+    let mut values = vec![
+        Value::Text(query.environment.clone()),
+        Value::Text(query.tenant.clone()),
+    ];
+    match query.on {
+        WaitingOn::LeaseExpired { now } => {
+            sql.push_str(" AND lease_expires_at <= ? AND dispatch <> 'job'");
+            values.push(Value::Integer(now));
+        }
+        WaitingOn::Job => sql.push_str(" AND dispatch = 'job'"),
+    }
+    if let Some(tool) = &query.tool {
+        sql.push_str(" AND tool = ?");
+        values.push(Value::Text(tool.clone()));
+    }
+    if let Some(after) = &query.after {
+        sql.push_str(" AND key > ?");
+        values.push(Value::Text(after.clone()));
+    }
+    sql.push_str(" ORDER BY key LIMIT ?");
+    let page = match query.limit {
+        0 => DEFAULT_LIST_LIMIT,
+        n => n.min(MAX_LIST_LIMIT),
+    };
+    values.push(Value::Integer(limit(page)));
+    collect(conn, &sql, values, || {
+        format!(
+            "listing the pending operations of {} in {} ({:?})",
+            query.tenant, query.environment, query.on
         )
     })
 }

@@ -59,6 +59,7 @@ cases!(
     list_default_page,
     due_finds_deadlines_passed_in_order,
     due_pages_by_cursor_and_limit,
+    waiting_lists_expired_claims_and_jobs,
     duplicate_intent_names_the_earliest_match,
     duplicate_intent_inserts_nothing,
     concurrent_duplicate_intents_insert_once,
