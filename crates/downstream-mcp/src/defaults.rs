@@ -121,6 +121,8 @@ pub fn default_contract(
         }),
         lease_seconds: Some(lease_seconds.max(3)),
         duplicate_intent_window: None,
+        // The server's rule (wrap's `--identity`, session_window by default).
+        identity: None,
         owner: OwnerSpec::default(),
     };
     let text = format!("(defaults for tool `{name}`)");

@@ -121,7 +121,11 @@ impl Shared {
     /// The child's tools, listed as the child lists them, each routed to the contract of
     /// the same name; idemgate's status tool first. A tool whose calls are named by the
     /// session-window rule lists the optional `repeat_of` too, and says what a repeat means.
-    fn wrapping(gateway: Arc<dyn Gateway>, wrap: Wrap, identity: Identity) -> Result<Shared, Error> {
+    fn wrapping(
+        gateway: Arc<dyn Gateway>,
+        wrap: Wrap,
+        identity: Identity,
+    ) -> Result<Shared, Error> {
         let served = gateway.tools();
         let contracts: BTreeMap<String, Arc<Contract>> =
             served.into_iter().map(|c| (c.name.clone(), c)).collect();
@@ -145,7 +149,12 @@ impl Shared {
                 let mut schema = (*parsed.input_schema).clone();
                 tools::add_repeat_of(&mut schema);
                 parsed.input_schema = Arc::new(schema);
-                let theirs = parsed.description.as_deref().unwrap_or("").trim().to_string();
+                let theirs = parsed
+                    .description
+                    .as_deref()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
                 let ours = tools::windowed_semantics(contract, window);
                 parsed.description = Some(if theirs.is_empty() {
                     format!("Retries: {ours}").into()

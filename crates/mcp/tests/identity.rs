@@ -84,6 +84,7 @@ impl World {
             Options {
                 fakes: None,
                 identity,
+                ..Options::default()
             },
             server_read,
             server_write,
