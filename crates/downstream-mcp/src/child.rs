@@ -120,7 +120,7 @@ struct State {
 }
 
 /// One child MCP server, shared by every tool it offers. A call that finds it dead starts it
-/// again, no sooner than the backoff allows (0.2 s doubling up to `max_backoff`).
+/// again, no sooner than the backoff allows (0.4 s doubling up to `max_backoff`).
 pub struct Child {
     spec: ChildSpec,
     state: Mutex<State>,
@@ -196,10 +196,8 @@ impl Child {
             }
             Err(e) => {
                 state.failures = state.failures.saturating_add(1);
-                let backoff = Duration::from_millis(200)
-                    .saturating_mul(1u32 << state.failures.min(10))
-                    .min(self.spec.max_backoff);
-                state.not_before = Some(Instant::now() + backoff);
+                state.not_before =
+                    Some(Instant::now() + backoff(state.failures, self.spec.max_backoff));
                 Err(e.to_string())
             }
         }
@@ -327,6 +325,14 @@ impl Child {
     }
 }
 
+/// How long to wait before the next start after `failures` failed starts in a row: 0.4 s,
+/// 0.8 s, 1.6 s, … doubling, never more than `max`.
+fn backoff(failures: u32, max: Duration) -> Duration {
+    Duration::from_millis(200)
+        .saturating_mul(1u32 << failures.clamp(1, 16))
+        .min(max)
+}
+
 /// A transport or protocol failure during a call. Which of them can prove that nothing was
 /// sent? Only a request that never left: a failed write of the request itself. The SDK does
 /// not tell a write failure of this request from one of the stream before it, and a child
@@ -423,4 +429,33 @@ async fn describe(spec: &ChildSpec, connection: &Connection) -> Result<Started, 
 /// The arguments of a call as the SDK's object type.
 pub fn arguments_object(value: &Value) -> Option<JsonObject> {
     value.as_object().cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_and_is_bounded() {
+        let max = Duration::from_secs(30);
+        let waits: Vec<u128> = (1..=10).map(|n| backoff(n, max).as_millis()).collect();
+        assert_eq!(
+            waits,
+            [
+                400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000, 30000
+            ]
+        );
+        assert_eq!(backoff(u32::MAX, max), max);
+    }
+
+    #[tokio::test]
+    async fn a_command_that_cannot_start_is_named() {
+        let spec = ChildSpec::new("/nonexistent/mcp-server", vec!["--flag".into()]);
+        let err = Child::start(spec).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`/nonexistent/mcp-server --flag` could not be started"),
+            "{err}"
+        );
+    }
 }

@@ -168,6 +168,9 @@ async def test_a_child_killed_mid_call_ends_unknown_and_is_never_resent(world: W
         # A retry of the same operation is not resent to the restarted child.
         retry = await client.call_tool("hang", {"subject": "lost"}, meta=step)
         assert retry.structured_content["status"] == "unknown", retry.structured_content
+        # The status tool reads the same record.
+        status = await client.call_tool(STATUS, {"operation_key": outcome["operation_key"]})
+        assert status.structured_content["status"] == "unknown", status.structured_content
         # The child was started again: a new operation reaches the new process.
         fresh = await client.call_tool("create_ticket", {"subject": "after"}, meta=meta("after"))
         assert fresh.structured_content["status"] == "applied"
