@@ -88,6 +88,9 @@ struct Shared {
     catalog: Catalog,
     /// The served contracts by name, for the session-window rule's fingerprint.
     contracts: BTreeMap<String, Arc<Contract>>,
+    /// Whether the HTTP service keeps sessions: only then is `Mcp-Session-Id` a session the
+    /// SDK validated, rather than a header any stateless request may carry.
+    http_sessions: bool,
     listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
 }
@@ -102,6 +105,7 @@ impl Shared {
             gateway,
             catalog,
             contracts,
+            http_sessions: false,
             listed,
             fakes: options.fakes,
         })
@@ -152,13 +156,26 @@ struct Handler {
 
 /// How one call names its operation, decided before the executor sees it.
 enum Named {
-    /// `_meta` (or nothing, for a tool under the `meta` rule): the executor rejects a
-    /// key-based call without it.
-    Meta(Option<String>, Option<String>),
-    /// A derived key, with the rule that made it.
-    Derived(OperationKey, Rule),
+    /// The parts to hand the executor — from `_meta`, derived, or none (the executor then
+    /// rejects a key-based call) — and the rule an answer names: set whenever the tool is
+    /// served under `session_window`; under `meta` the description already says it.
+    Invoke {
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        rule: Option<Rule>,
+    },
     /// Refused before anything was written.
     Refused(Outcome),
+}
+
+impl Named {
+    fn derived(key: OperationKey, rule: Rule) -> Named {
+        Named::Invoke {
+            workflow_id: Some(key.workflow_id().to_string()),
+            step_id: Some(key.step_id().to_string()),
+            rule: Some(rule),
+        }
+    }
 }
 
 fn to_result(reply: Reply) -> CallToolResult {
@@ -230,6 +247,9 @@ impl Handler {
         if let Some(session) = &self.session {
             return Some(session.to_string());
         }
+        if !self.shared.http_sessions {
+            return None;
+        }
         context
             .extensions
             .get::<http::request::Parts>()
@@ -260,11 +280,19 @@ impl Handler {
             Ok(parts) => parts,
         };
         let Identity::SessionWindow(window) = identity else {
-            return Named::Meta(workflow_id, step_id);
+            return Named::Invoke {
+                workflow_id,
+                step_id,
+                rule: None,
+            };
         };
         // `_meta` always wins: the agent runtime named the operation.
         if workflow_id.is_some() || step_id.is_some() {
-            return Named::Meta(workflow_id, step_id);
+            return Named::Invoke {
+                workflow_id,
+                step_id,
+                rule: Some(Rule::Meta),
+            };
         }
         // The fingerprint is taken as the executor takes it, so invalid arguments are refused
         // here with the executor's words and nothing is written.
@@ -324,7 +352,7 @@ impl Handler {
             }
             return match derive::repeat(&environment, &principal, &contract.name, &fingerprint, &of)
             {
-                Ok(key) => Named::Derived(key, Rule::RepeatOf { of, window }),
+                Ok(key) => Named::derived(key, Rule::RepeatOf { of, window }),
                 Err(e) => Named::Refused(invalid_key(e)),
             };
         }
@@ -347,7 +375,7 @@ impl Handler {
             Ok(_) => keys.current,
             Err(e) => return Named::Refused(store_down(e)),
         };
-        Named::Derived(key, Rule::SessionWindow { window })
+        Named::derived(key, Rule::SessionWindow { window })
     }
 
     /// The operation behind a task id (its operation key), read for this caller as the status
@@ -553,12 +581,13 @@ impl ServerHandler for Handler {
                 &mut arguments,
             )
             .await;
-        // Under `session_window` every answer says which rule named the operation; under
-        // `meta` the tool's description already says the application names it.
-        let windowed = identity != Identity::Meta;
         let (outcome, rule) = match named {
-            Named::Refused(outcome) => (outcome, None),
-            Named::Meta(workflow_id, step_id) => {
+            Named::Refused(refused) => (refused, None),
+            Named::Invoke {
+                workflow_id,
+                step_id,
+                rule,
+            } => {
                 let outcome = self
                     .shared
                     .gateway
@@ -570,21 +599,7 @@ impl ServerHandler for Handler {
                         Value::Object(arguments),
                     )
                     .await;
-                (outcome, windowed.then_some(Rule::Meta))
-            }
-            Named::Derived(key, rule) => {
-                let outcome = self
-                    .shared
-                    .gateway
-                    .invoke(
-                        caller,
-                        &contract,
-                        Some(key.workflow_id().to_string()),
-                        Some(key.step_id().to_string()),
-                        Value::Object(arguments),
-                    )
-                    .await;
-                (outcome, Some(rule))
+                (outcome, rule)
             }
         };
         if context
@@ -745,7 +760,9 @@ pub fn streamable_http_service_with(
     auth: impl Fn(&http::request::Parts) -> Option<Caller> + Send + Sync + 'static,
     options: HttpOptions,
 ) -> Result<McpHttpService, Error> {
-    let shared = Arc::new(Shared::new(gateway, options.options)?);
+    let mut shared = Shared::new(gateway, options.options)?;
+    shared.http_sessions = options.sessions;
+    let shared = Arc::new(shared);
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(options.allowed_hosts)
         .with_legacy_session_mode(options.sessions)

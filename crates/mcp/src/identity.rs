@@ -526,32 +526,39 @@ mod tests {
             check_repeat(Some(&mine), &me(None), "prod", "tickets.create"),
             Ok(())
         );
-        let refused = Err(RepeatRefused::NotYours);
-        assert_eq!(check_repeat(None, &p, "prod", "tickets.create"), refused);
-        assert_eq!(
-            check_repeat(Some(&mine), &p, "prod", "tickets.close"),
-            refused
-        );
-        assert_eq!(
-            check_repeat(Some(&mine), &p, "staging", "tickets.create"),
-            refused
-        );
         let bob = Principal {
             actor: "bob",
             ..p.clone()
         };
-        assert_eq!(
-            check_repeat(Some(&mine), &bob, "prod", "tickets.create"),
-            refused
-        );
         let beta = Principal {
             tenant: "beta",
             ..p.clone()
         };
-        assert_eq!(
-            check_repeat(Some(&mine), &beta, "prod", "tickets.create"),
-            refused
-        );
+        for (what, record, principal, environment, tool) in [
+            ("missing", None, &p, "prod", "tickets.create"),
+            ("another tool", Some(&mine), &p, "prod", "tickets.close"),
+            (
+                "another environment",
+                Some(&mine),
+                &p,
+                "staging",
+                "tickets.create",
+            ),
+            ("another actor", Some(&mine), &bob, "prod", "tickets.create"),
+            (
+                "another tenant",
+                Some(&mine),
+                &beta,
+                "prod",
+                "tickets.create",
+            ),
+        ] {
+            assert_eq!(
+                check_repeat(record, principal, environment, tool),
+                Err(RepeatRefused::NotYours),
+                "{what}"
+            );
+        }
         assert_eq!(parse_repeat(&json!(7)), Err(RepeatRefused::NotText));
         assert!(matches!(
             parse_repeat(&json!("a:b")),
