@@ -180,25 +180,41 @@ pub fn windowed(
     window: Span,
     now: Millis,
 ) -> Result<Windowed, key::Error> {
-    let workflow = workflow_id(principal);
-    let hash = hex16(&["call", tool, fingerprint.as_str()]);
     let at = interval(window, now);
     let key = |n: i64| {
-        let suffix = format!("{}s{n}", window.seconds());
-        let step = step_id(
-            principal.tenant,
+        derived(
             environment,
-            &workflow,
+            principal,
             tool,
-            &hash,
-            &suffix,
-        );
-        OperationKey::new(principal.tenant, environment, &workflow, &step)
+            fingerprint,
+            &format!("{}s{n}", window.seconds()),
+        )
     };
     Ok(Windowed {
         previous: key(at - 1)?,
         current: key(at)?,
     })
+}
+
+/// The derived key of a call, ending in `suffix` (the interval, or the repeated key's hash).
+fn derived(
+    environment: &str,
+    principal: &Principal<'_>,
+    tool: &str,
+    fingerprint: &Fingerprint,
+    suffix: &str,
+) -> Result<OperationKey, key::Error> {
+    let workflow = workflow_id(principal);
+    let hash = hex16(&["call", tool, fingerprint.as_str()]);
+    let step = step_id(
+        principal.tenant,
+        environment,
+        &workflow,
+        tool,
+        &hash,
+        suffix,
+    );
+    OperationKey::new(principal.tenant, environment, &workflow, &step)
 }
 
 /// Whether a call at `now` is the operation found under the previous interval's key: it was
@@ -215,18 +231,8 @@ pub fn repeat(
     fingerprint: &Fingerprint,
     of: &OperationKey,
 ) -> Result<OperationKey, key::Error> {
-    let workflow = workflow_id(principal);
-    let hash = hex16(&["call", tool, fingerprint.as_str()]);
     let suffix = format!("r{}", hex16(&["repeat", of.as_str()]));
-    let step = step_id(
-        principal.tenant,
-        environment,
-        &workflow,
-        tool,
-        &hash,
-        &suffix,
-    );
-    OperationKey::new(principal.tenant, environment, &workflow, &step)
+    derived(environment, principal, tool, fingerprint, &suffix)
 }
 
 /// Why a `repeat_of` was refused; nothing was written.
