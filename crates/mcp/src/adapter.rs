@@ -94,6 +94,9 @@ struct Shared {
     catalog: Catalog,
     /// The served contracts by name, for the session-window rule's fingerprint.
     contracts: BTreeMap<String, Arc<Contract>>,
+    /// Whether the HTTP service keeps sessions: only then is `Mcp-Session-Id` a session the
+    /// SDK validated, rather than a header any stateless request may carry.
+    http_sessions: bool,
     listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
     wrap: Option<Wrap>,
@@ -112,6 +115,7 @@ impl Shared {
             gateway,
             catalog,
             contracts,
+            http_sessions: false,
             listed,
             fakes: options.fakes,
             wrap: None,
@@ -168,6 +172,7 @@ impl Shared {
             gateway,
             catalog,
             contracts,
+            http_sessions: false,
             listed,
             fakes: None,
             wrap: Some(wrap),
@@ -219,11 +224,14 @@ struct Handler {
 
 /// How one call names its operation, decided before the executor sees it.
 enum Named {
-    /// `_meta` (or nothing, for a tool under the `meta` rule): the executor rejects a
-    /// key-based call without it.
-    Meta(Option<String>, Option<String>),
-    /// A derived key, with the rule that made it.
-    Derived(OperationKey, Rule),
+    /// The parts to hand the executor — from `_meta`, derived, or none (the executor then
+    /// rejects a key-based call) — and the rule an answer names: set whenever the tool is
+    /// served under `session_window`; under `meta` the description already says it.
+    Invoke {
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        rule: Option<Rule>,
+    },
     /// Refused before anything was written.
     Refused(Outcome),
 }
@@ -288,6 +296,16 @@ impl Handler {
         serde_json::from_value(answer).map_err(|e| {
             ErrorData::internal_error(format!("the child's answer to `{method}`: {e}"), None)
         })
+    }
+}
+
+impl Named {
+    fn derived(key: OperationKey, rule: Rule) -> Named {
+        Named::Invoke {
+            workflow_id: Some(key.workflow_id().to_string()),
+            step_id: Some(key.step_id().to_string()),
+            rule: Some(rule),
+        }
     }
 }
 
@@ -360,6 +378,9 @@ impl Handler {
         if let Some(session) = &self.session {
             return Some(session.to_string());
         }
+        if !self.shared.http_sessions {
+            return None;
+        }
         context
             .extensions
             .get::<http::request::Parts>()
@@ -390,11 +411,19 @@ impl Handler {
             Ok(parts) => parts,
         };
         let Identity::SessionWindow(window) = identity else {
-            return Named::Meta(workflow_id, step_id);
+            return Named::Invoke {
+                workflow_id,
+                step_id,
+                rule: None,
+            };
         };
         // `_meta` always wins: the agent runtime named the operation.
         if workflow_id.is_some() || step_id.is_some() {
-            return Named::Meta(workflow_id, step_id);
+            return Named::Invoke {
+                workflow_id,
+                step_id,
+                rule: Some(Rule::Meta),
+            };
         }
         // The fingerprint is taken as the executor takes it, so invalid arguments are refused
         // here with the executor's words and nothing is written.
@@ -454,7 +483,7 @@ impl Handler {
             }
             return match derive::repeat(&environment, &principal, &contract.name, &fingerprint, &of)
             {
-                Ok(key) => Named::Derived(key, Rule::RepeatOf { of, window }),
+                Ok(key) => Named::derived(key, Rule::RepeatOf { of, window }),
                 Err(e) => Named::Refused(invalid_key(e)),
             };
         }
@@ -477,7 +506,7 @@ impl Handler {
             Ok(_) => keys.current,
             Err(e) => return Named::Refused(store_down(e)),
         };
-        Named::Derived(key, Rule::SessionWindow { window })
+        Named::derived(key, Rule::SessionWindow { window })
     }
 
     /// The operation behind a task id (its operation key), read for this caller as the status
@@ -747,12 +776,13 @@ impl ServerHandler for Handler {
                 &mut arguments,
             )
             .await;
-        // Under `session_window` every answer says which rule named the operation; under
-        // `meta` the tool's description already says the application names it.
-        let windowed = identity != Identity::Meta;
         let (outcome, rule) = match named {
-            Named::Refused(outcome) => (outcome, None),
-            Named::Meta(workflow_id, step_id) => {
+            Named::Refused(refused) => (refused, None),
+            Named::Invoke {
+                workflow_id,
+                step_id,
+                rule,
+            } => {
                 let outcome = self
                     .shared
                     .gateway
@@ -764,21 +794,7 @@ impl ServerHandler for Handler {
                         Value::Object(arguments),
                     )
                     .await;
-                (outcome, windowed.then_some(Rule::Meta))
-            }
-            Named::Derived(key, rule) => {
-                let outcome = self
-                    .shared
-                    .gateway
-                    .invoke(
-                        caller,
-                        &contract,
-                        Some(key.workflow_id().to_string()),
-                        Some(key.step_id().to_string()),
-                        Value::Object(arguments),
-                    )
-                    .await;
-                (outcome, Some(rule))
+                (outcome, rule)
             }
         };
         if context
@@ -955,7 +971,9 @@ pub fn streamable_http_service_with(
     auth: impl Fn(&http::request::Parts) -> Option<Caller> + Send + Sync + 'static,
     options: HttpOptions,
 ) -> Result<McpHttpService, Error> {
-    let shared = Arc::new(Shared::new(gateway, options.options)?);
+    let mut shared = Shared::new(gateway, options.options)?;
+    shared.http_sessions = options.sessions;
+    let shared = Arc::new(shared);
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(options.allowed_hosts)
         .with_legacy_session_mode(options.sessions)

@@ -180,25 +180,41 @@ pub fn windowed(
     window: Span,
     now: Millis,
 ) -> Result<Windowed, key::Error> {
-    let workflow = workflow_id(principal);
-    let hash = hex16(&["call", tool, fingerprint.as_str()]);
     let at = interval(window, now);
     let key = |n: i64| {
-        let suffix = format!("{}s{n}", window.seconds());
-        let step = step_id(
-            principal.tenant,
+        derived(
             environment,
-            &workflow,
+            principal,
             tool,
-            &hash,
-            &suffix,
-        );
-        OperationKey::new(principal.tenant, environment, &workflow, &step)
+            fingerprint,
+            &format!("{}s{n}", window.seconds()),
+        )
     };
     Ok(Windowed {
         previous: key(at - 1)?,
         current: key(at)?,
     })
+}
+
+/// The derived key of a call, ending in `suffix` (the interval, or the repeated key's hash).
+fn derived(
+    environment: &str,
+    principal: &Principal<'_>,
+    tool: &str,
+    fingerprint: &Fingerprint,
+    suffix: &str,
+) -> Result<OperationKey, key::Error> {
+    let workflow = workflow_id(principal);
+    let hash = hex16(&["call", tool, fingerprint.as_str()]);
+    let step = step_id(
+        principal.tenant,
+        environment,
+        &workflow,
+        tool,
+        &hash,
+        suffix,
+    );
+    OperationKey::new(principal.tenant, environment, &workflow, &step)
 }
 
 /// Whether a call at `now` is the operation found under the previous interval's key: it was
@@ -215,18 +231,8 @@ pub fn repeat(
     fingerprint: &Fingerprint,
     of: &OperationKey,
 ) -> Result<OperationKey, key::Error> {
-    let workflow = workflow_id(principal);
-    let hash = hex16(&["call", tool, fingerprint.as_str()]);
     let suffix = format!("r{}", hex16(&["repeat", of.as_str()]));
-    let step = step_id(
-        principal.tenant,
-        environment,
-        &workflow,
-        tool,
-        &hash,
-        &suffix,
-    );
-    OperationKey::new(principal.tenant, environment, &workflow, &step)
+    derived(environment, principal, tool, fingerprint, &suffix)
 }
 
 /// Why a `repeat_of` was refused; nothing was written.
@@ -526,32 +532,39 @@ mod tests {
             check_repeat(Some(&mine), &me(None), "prod", "tickets.create"),
             Ok(())
         );
-        let refused = Err(RepeatRefused::NotYours);
-        assert_eq!(check_repeat(None, &p, "prod", "tickets.create"), refused);
-        assert_eq!(
-            check_repeat(Some(&mine), &p, "prod", "tickets.close"),
-            refused
-        );
-        assert_eq!(
-            check_repeat(Some(&mine), &p, "staging", "tickets.create"),
-            refused
-        );
         let bob = Principal {
             actor: "bob",
             ..p.clone()
         };
-        assert_eq!(
-            check_repeat(Some(&mine), &bob, "prod", "tickets.create"),
-            refused
-        );
         let beta = Principal {
             tenant: "beta",
             ..p.clone()
         };
-        assert_eq!(
-            check_repeat(Some(&mine), &beta, "prod", "tickets.create"),
-            refused
-        );
+        for (what, record, principal, environment, tool) in [
+            ("missing", None, &p, "prod", "tickets.create"),
+            ("another tool", Some(&mine), &p, "prod", "tickets.close"),
+            (
+                "another environment",
+                Some(&mine),
+                &p,
+                "staging",
+                "tickets.create",
+            ),
+            ("another actor", Some(&mine), &bob, "prod", "tickets.create"),
+            (
+                "another tenant",
+                Some(&mine),
+                &beta,
+                "prod",
+                "tickets.create",
+            ),
+        ] {
+            assert_eq!(
+                check_repeat(record, principal, environment, tool),
+                Err(RepeatRefused::NotYours),
+                "{what}"
+            );
+        }
         assert_eq!(parse_repeat(&json!(7)), Err(RepeatRefused::NotText));
         assert!(matches!(
             parse_repeat(&json!("a:b")),

@@ -9,6 +9,8 @@
 //!   state.
 //! - [`tools`] — the mapping as plain data: contract ⇒ tool name, description, schemas and
 //!   annotations; `_meta` ⇒ operation identity; outcome ⇒ result with one sentence for the model.
+//! - [`identity`] — keys for hosts that cannot send `_meta` (the `session_window` rule and
+//!   `repeat_of`), as plain functions.
 //! - [`adapter`] — **the only module that knows the MCP SDK** (`rmcp`): the server handler,
 //!   [`serve_stdio`], and [`streamable_http_service`] to mount at `/mcp`.
 //! - [`fake`] — per-contract fake downstreams and their hidden control tool, for
@@ -20,8 +22,9 @@
 //! - [`cli`] — `idemgate mcp`: flags, contract loading, the executor and recoverer, stdio.
 //!
 //! The operation key is never the model's: the agent runtime names the operation in the call's
-//! `_meta` (`"io.idemgate/operation": {"workflow_id", "step_id"}`), the tenant comes from the
-//! caller's credentials (stdio: configuration), the environment from the server.
+//! `_meta` (`"io.idemgate/operation": {"workflow_id", "step_id"}`) — or, under the
+//! `session_window` rule, idemgate derives it — the tenant comes from the caller's credentials
+//! (stdio: configuration), the environment from the server.
 
 pub mod adapter;
 pub mod assembly;

@@ -828,6 +828,62 @@ retention:\n  record_ttl: 1d\n  tombstone_ttl: 2d\n  max_retry_window: 1d\n"
         );
     }
 
+    /// The contract's own `identity` wins over the server's; only tools that need a key get a
+    /// derived one and the `repeat_of` property; a contract whose schema has `repeat_of` is
+    /// refused under `session_window`.
+    #[test]
+    fn the_identity_rule_is_the_contracts_else_the_servers() {
+        use idemgate_core::contract::Identity as Rule;
+        use idemgate_core::duration::Span;
+        let with = |class: &str, identity: Option<&str>| {
+            let base = contract_named("t.x", class);
+            let mut text = serde_json::to_value(&base.file).unwrap();
+            if let Some(identity) = identity {
+                text["identity"] = json!(identity);
+            }
+            let yaml = serde_json::to_string(&text).unwrap();
+            Arc::new(Contract::load(&yaml, "t.yaml").expect("loads"))
+        };
+        let window = Rule::SessionWindow(Span(600));
+        for (class, own, server, expect) in [
+            ("key_based", None, Rule::Meta, Rule::Meta),
+            ("key_based", None, window, window),
+            (
+                "key_based",
+                Some("session_window:90s"),
+                Rule::Meta,
+                Rule::SessionWindow(Span(90)),
+            ),
+            ("key_based", Some("meta"), window, Rule::Meta),
+            ("irreversible", None, window, window),
+            ("read", None, window, Rule::Meta),
+            ("natural_idempotent", None, window, Rule::Meta),
+        ] {
+            let spec = ToolSpec::from_contract_with(&with(class, own), server);
+            assert_eq!(spec.identity, expect, "{class} {own:?} under {server}");
+            let offered = spec.input_schema["properties"]
+                .get(crate::identity::REPEAT_OF)
+                .is_some();
+            assert_eq!(
+                offered,
+                expect != Rule::Meta,
+                "{class} {own:?} under {server}"
+            );
+        }
+        let taken = contract(
+            "name: t.y\nversion: \"1\"\neffect_class: key_based\ninput_schema:\n  type: object\n  \
+properties:\n    repeat_of: {type: string}\nrequest_fingerprint:\n  fields: [repeat_of]\n\
+retention:\n  record_ttl: 1d\n  tombstone_ttl: 2d\n  max_retry_window: 1d\n",
+        );
+        assert!(Catalog::with_identity(std::slice::from_ref(&taken), Rule::Meta).is_ok());
+        assert_eq!(
+            Catalog::with_identity(&[taken], window).unwrap_err(),
+            Error::RepeatOfTaken {
+                contract: "t.y".into()
+            }
+        );
+    }
+
     fn key() -> OperationKey {
         OperationKey::parse("acme:prod:run_827:step_03").unwrap()
     }

@@ -457,7 +457,7 @@ mod tests {
         check(
             "[mcp]\nallowed_host = []\n",
             Err(
-                "gate.toml:2:1: field `allowed_host`: unknown field `allowed_host`, expected `allowed_hosts`",
+                "gate.toml:2:1: field `allowed_host`: unknown field `allowed_host`, expected `allowed_hosts` or `identity`",
             ),
         );
     }
@@ -488,6 +488,25 @@ mod tests {
         assert!(
             any.mcp.hosts(listen).is_empty(),
             "an empty list accepts any host"
+        );
+    }
+
+    #[test]
+    fn mcp_identity_defaults_to_meta_and_reads_a_window() {
+        use idemgate_core::contract::Identity;
+        use idemgate_core::duration::Span;
+        assert_eq!(
+            Config::parse("", "gate.toml").unwrap().mcp.identity,
+            Identity::Meta
+        );
+        let windowed =
+            Config::parse("[mcp]\nidentity = \"session_window:90s\"\n", "gate.toml").unwrap();
+        assert_eq!(windowed.mcp.identity, Identity::SessionWindow(Span(90)));
+        let bad = Config::parse("[mcp]\nidentity = \"per_call\"\n", "gate.toml").unwrap_err();
+        let shown = bad.to_string();
+        assert!(
+            shown.contains("field `identity`") && shown.contains("not one of `meta`"),
+            "{shown}"
         );
     }
 }

@@ -253,8 +253,29 @@ async def test_a_read_only_tool_passes_through_without_a_record(world: World):
     assert world.records() == []
 
 
+async def test_without_meta_the_session_window_names_the_operation(world: World):
+    # wrap's default: hosts send no _meta, so a repeat inside the window is the same operation.
+    async with world.connect() as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert "repeat_of" in listed["create_ticket"].input_schema["properties"]
+        assert "repeat_of" not in listed["get_ticket"].input_schema.get("properties", {})
+        first = await client.call_tool("create_ticket", {"subject": "window"})
+        again = await client.call_tool("create_ticket", {"subject": "window"})
+        assert first.structured_content["status"] == "applied"
+        assert again.structured_content["status"] == "replayed"
+        key = first.structured_content["operation_key"]
+        assert again.structured_content["operation_key"] == key
+        assert any("session_window" in json.dumps(r.meta or {}) for r in (first, again))
+        assert len(world.effects("create")) == 1
+        # A deliberate repeat names the earlier operation: a new one, a second effect.
+        repeat = await client.call_tool("create_ticket", {"subject": "window", "repeat_of": key})
+        assert repeat.structured_content["status"] == "applied", repeat.structured_content
+        assert repeat.structured_content["operation_key"] != key
+    assert len(world.effects("create")) == 2
+
+
 async def test_a_key_based_call_without_identity_sends_nothing(world: World):
-    # Until the session-window identity lands in the MCP face, wrap names operations by _meta.
+    # Under `--identity meta`, a key-based call without _meta is refused before any record.
     async with world.connect("--identity", "meta") as client:
         result = await client.call_tool("create_ticket", {"subject": "anonymous"})
         assert result.is_error

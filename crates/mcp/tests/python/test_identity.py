@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -28,15 +27,12 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-ROOT = Path(__file__).resolve().parents[4]
-TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-IDEMGATE = Path(os.environ.get("IDEMGATE_BIN", TARGET / "debug" / "idemgate"))
-MCP_HTTP = Path(os.environ.get("IDEMGATE_MCP_HTTP", TARGET / "debug" / "examples" / "mcp_http"))
-CONTRACTS = str(ROOT / "contracts" / "*.yaml")
+# The binaries, the contracts and the HTTP server of the SDK suite beside this file.
+from test_mcp import CONTRACTS, IDEMGATE, TOKENS, HttpServer, anyio_backend  # noqa: F401
 
 WINDOW = 2.0
 IDENTITY = "session_window:2s"
-TOKEN = "token-acme"
+TOKEN = TOKENS["acme"]
 ENVIRONMENT = "test"
 CONTROL = "idemgate_fake_downstream"
 IDENTITY_META = "io.idemgate/identity"
@@ -44,34 +40,6 @@ IDENTITY_META = "io.idemgate/identity"
 TICKET = {"subject": "Printer out of toner", "body": "Floor 3, the big one."}
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-class HttpServer:
-    """The `mcp_http` example on a loopback port; stops when its stdin closes."""
-
-    def __init__(self, tmp: Path, extra: list[str]) -> None:
-        args = [str(MCP_HTTP), "--store", str(tmp / "http.sqlite"), "--contracts", CONTRACTS,
-                "--environment", ENVIRONMENT, "--token", f"{TOKEN}=acme", *extra]
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("LISTENING "):
-            self.stop()
-            raise RuntimeError(f"mcp_http did not start: {line!r}")
-        self.url = line.split()[1]
-
-    def stop(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(params=["stdio", "http"])
@@ -230,3 +198,32 @@ async def test_idemgate_serve_mcp_takes_the_identity_rule_from_the_config(tmp_pa
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def test_over_http_with_sessions_the_session_is_part_of_the_key(tmp_path: Path) -> None:
+    """`mcp_http --sessions` keeps MCP sessions (`Mcp-Session-Id`): the same call in one session
+    is one operation, the same call in another session of the same principal is another."""
+    http = HttpServer(tmp_path, ["--identity", IDENTITY.replace("2s", "60s"), "--sessions"])
+    try:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+
+        @contextlib.asynccontextmanager
+        async def session() -> AsyncIterator[Client]:
+            async with create_mcp_http_client(headers=headers) as http_client:
+                async with Client(streamable_http_client(http.url, http_client=http_client),
+                                  mode="legacy") as client:
+                    yield client
+
+        async with session() as one:
+            first = await call(one, TICKET)
+            assert first.structured_content["status"] == "applied", first.content
+            again = await call(one, TICKET)
+            assert again.structured_content["status"] == "replayed"
+            assert await effects(one) == 1
+        async with session() as two:
+            other = await call(two, TICKET)
+            assert other.structured_content["status"] == "applied", other.content
+            assert other.structured_content["operation_key"] != first.structured_content["operation_key"]
+            assert await effects(two) == 2
+    finally:
+        http.stop()
