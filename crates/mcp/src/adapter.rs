@@ -806,11 +806,13 @@ impl ServerHandler for Handler {
         }
         if self.shared.wrap.is_some() {
             let mut reply = wrapped::reply(&name, &outcome);
-            if let Some(rule) = &rule {
-                let sentence = rule.sentence(outcome.operation_key.as_ref());
-                reply
-                    .content
-                    .push(serde_json::json!({"type": "text", "text": sentence}));
+            // The rule joins idemgate's own sentence, the last block, after the child's.
+            if let Some(rule) = &rule
+                && let Some(Value::String(text)) =
+                    reply.content.last_mut().and_then(|b| b.get_mut("text"))
+            {
+                text.push(' ');
+                text.push_str(&rule.sentence(outcome.operation_key.as_ref()));
             }
             let mut result = to_wrapped_result(reply);
             if let Some(rule) = rule {
