@@ -197,6 +197,23 @@ fn sentence(action: &str, actor: &str, outcome: &Outcome) -> String {
     text
 }
 
+/// The record vanished between the check and the page (purged, or never there).
+fn gone(key: &OperationKey) -> Response {
+    message(
+        StatusCode::NOT_FOUND,
+        "No such operation",
+        format!("No operation {key}."),
+    )
+}
+
+fn store_down(e: &idemgate_core::store::Error) -> Response {
+    message(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Store unavailable",
+        format!("The operation could not be read: {e}."),
+    )
+}
+
 /// Renders the page of `key` as it is now, with `notice` on top.
 async fn render(
     state: &AppState,
@@ -209,20 +226,8 @@ async fn render(
 ) -> Response {
     let record = match state.executor().store().get(key).await {
         Ok(Some(record)) => record,
-        Ok(None) => {
-            return message(
-                StatusCode::NOT_FOUND,
-                "No such operation",
-                format!("No operation {key}."),
-            );
-        }
-        Err(e) => {
-            return message(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Store unavailable",
-                format!("The operation could not be read: {e}."),
-            );
-        }
+        Ok(None) => return gone(key),
+        Err(e) => return store_down(&e),
     };
     let tool = state.tools().get(&record.tool);
     // The outcome a caller gets now, read as API v1's status read (a job is polled).
@@ -238,20 +243,8 @@ async fn render(
     {
         Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
         Ok(Some(StatusRead::Denied(outcome))) => (record, outcome),
-        Ok(None) => {
-            return message(
-                StatusCode::NOT_FOUND,
-                "No such operation",
-                format!("No operation {key}."),
-            );
-        }
-        Err(e) => {
-            return message(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Store unavailable",
-                format!("The operation could not be read: {e}."),
-            );
-        }
+        Ok(None) => return gone(key),
+        Err(e) => return store_down(&e),
     };
     let events = state
         .executor()
