@@ -272,6 +272,8 @@ impl<S: Store> Store for SealedStore<S> {
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         self.inner.sweep(environment, now, limit)
     }
+    // Webhook rows pass through as they are: a finished event's row holds no result, and an
+    // early arrival's finish has no operation key yet to seal under (docs/async.md says so).
     fn webhook<'a>(
         &'a self,
         source: &'a str,

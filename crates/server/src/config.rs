@@ -405,6 +405,14 @@ mod tests {
     #[test]
     fn configs() {
         check("", Ok(()));
+        // A webhook source is read strictly too.
+        let source = "[webhooks.jobs]\ntenant = \"acme\"\nsecret_envs = [\"S\"]\n\
+                      job_id_pointer = \"/id\"\noutcome_pointer = \"/type\"\n\
+                      success = [\"done\"]\nreference_pointer = \"/ref\"\n";
+        check(source, Ok(()));
+        let typo = format!("{source}retention_days = 3\n");
+        let e = Config::parse(&typo, "gate.toml").unwrap_err().to_string();
+        assert!(e.contains("unknown field `retention_days`"), "{e}");
         check(
             "listen = \"127.0.0.1:0\"\nenvironment = \"prod\"\n[limits]\nbody_bytes = 1024\n",
             Ok(()),
@@ -412,7 +420,7 @@ mod tests {
         check(
             "listen = \"127.0.0.1:0\"\nlisten_on = 1\n",
             Err(
-                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `public_url`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `executor`, `mcp`, `tenants`",
+                "gate.toml:2:1: field `listen_on`: unknown field `listen_on`, expected one of `listen`, `public_url`, `environment`, `store`, `contracts`, `sandbox`, `encryption_key_env`, `limits`, `recovery`, `executor`, `mcp`, `tenants`, `webhooks`",
             ),
         );
         check("public_url = \"https://gateway.example/\"\n", Ok(()));
