@@ -469,6 +469,7 @@ impl<S: Store> Schedule<'_, S> {
                             &contract,
                             &key,
                             "operator",
+                            "simulated",
                             expected.as_ref(),
                             downstream.as_ref(),
                         )
@@ -513,7 +514,14 @@ impl<S: Store> Schedule<'_, S> {
                         )
                     });
                     let r = executor
-                        .reconcile(&contract, &key, resolution, "operator", downstream.as_ref())
+                        .reconcile(
+                            &contract,
+                            &key,
+                            resolution,
+                            "operator",
+                            "simulated",
+                            downstream.as_ref(),
+                        )
                         .await;
                     (Call::Reconcile, r)
                 }

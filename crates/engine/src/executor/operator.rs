@@ -95,6 +95,7 @@ impl Executor {
         contract: &Contract,
         key: &OperationKey,
         approver: &str,
+        reason: &str,
         expected: Option<&Fingerprint>,
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
@@ -124,6 +125,7 @@ impl Executor {
                 action: "approved",
             });
         }
+        let _ = reason; // recorded in the audit log with the transition (next change)
         let t = transitions::approve(&record, contract, approver, self.at());
         let claim = match self.store.transition(t).await? {
             Cas::Done(r) => Claim::new(r),
@@ -175,6 +177,7 @@ impl Executor {
         key: &OperationKey,
         resolution: Option<Resolution>,
         actor: &str,
+        reason: &str,
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
         const UNSETTLED: [RecordStatus; 3] = [
@@ -183,6 +186,7 @@ impl Executor {
             RecordStatus::AwaitingApproval,
         ];
         let record = self.load_for(key, &UNSETTLED, "reconciled").await?;
+        let _ = reason; // recorded in the audit log with the transition (next change)
         let at = self.at();
         let t = match resolution {
             None => {
@@ -219,10 +223,10 @@ impl Executor {
                     Lookup::Found(_) | Lookup::NotFound => {
                         return Ok(machine::status_outcome(Some(contract), &record, at.now));
                     }
-                    Lookup::Unavailable(reason) => {
+                    Lookup::Unavailable(why) => {
                         tracing::warn!(
                             operation_key = key.as_str(),
-                            reason,
+                            reason = why,
                             "operator's receipt lookup unavailable"
                         );
                         return Ok(machine::status_outcome(Some(contract), &record, at.now));
