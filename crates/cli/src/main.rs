@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod audit;
 mod conformance;
 mod contract;
 mod demo;
@@ -63,6 +64,9 @@ enum Command {
     Token(token::Command),
     /// Apply a store's schema migrations and report its schema version.
     Migrate(migrate::MigrateArgs),
+    /// The signed log of operator actions: keygen, export, verify.
+    #[command(subcommand)]
+    Audit(audit::Command),
 }
 
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
@@ -174,6 +178,7 @@ fn main() -> ExitCode {
         Command::Ops(args) => runtime().and_then(|rt| rt.block_on(ops::run(args))),
         Command::Token(command) => token::run(command),
         Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),
+        Command::Audit(command) => runtime().and_then(|rt| rt.block_on(audit::run(command))),
     };
     if let Some(traces) = traces {
         traces.shutdown();

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use idemgate_core::audit::{Entry, Head, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
@@ -30,6 +31,8 @@ pub struct MemStore {
     // A std mutex: every method does its whole work under one lock and never awaits, which is
     // exactly the atomicity a database transaction gives the SQL stores.
     inner: Arc<Mutex<Tables>>,
+    /// Seals audit entries (unsigned unless [`MemStore::with_sealer`] gave a key).
+    sealer: Sealer,
 }
 
 #[derive(Debug, Default)]
@@ -39,11 +42,20 @@ struct Tables {
     // Traces live apart from records, like an events table: appending to a key without a
     // record is allowed, and only a purge deletes a trace.
     events: BTreeMap<OperationKey, Vec<Event>>,
+    // The audit log, in sequence order; appended only with the transition it records.
+    audit: Vec<Entry>,
 }
 
 impl MemStore {
     pub fn new() -> MemStore {
         MemStore::default()
+    }
+
+    /// This store with audit entries sealed by `sealer` (clones made before share the records
+    /// but keep their own sealer).
+    pub fn with_sealer(mut self, sealer: Sealer) -> MemStore {
+        self.sealer = sealer;
+        self
     }
 
     /// Number of records held, tombstones included.
@@ -208,6 +220,7 @@ impl Store for MemStore {
                 expiry,
                 events,
                 now,
+                audit,
             } = transition;
             let cas = match tables.records.get_mut(&key) {
                 None => Cas::Lost(None),
@@ -233,10 +246,33 @@ impl Store for MemStore {
                     record.updated_at = now;
                     let done = record.clone();
                     tables.events.entry(key).or_default().extend(events);
+                    if let Some(draft) = audit {
+                        let head = match tables.audit.last() {
+                            Some(last) => last.head().map_err(|e| {
+                                Error::Corrupt(format!("audit entry {}: {e}", last.seq))
+                            })?,
+                            None => Head::GENESIS,
+                        };
+                        let entry = self.sealer.seal(&draft, head);
+                        tables.audit.push(entry);
+                    }
                     Cas::Done(done)
                 }
             };
             Ok(cas)
+        })
+    }
+
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            Ok(tables
+                .audit
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(page(limit))
+                .cloned()
+                .collect())
         })
     }
 
@@ -437,6 +473,7 @@ mod tests {
             expiry: None,
             events: vec![event(EventKind::Committed)],
             now: 50,
+            audit: None,
         }
     }
 

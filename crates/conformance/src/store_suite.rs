@@ -193,6 +193,7 @@ pub fn step(from: &Record, next: RecordState, now: Millis) -> Transition {
         expiry: None,
         events: Vec::new(),
         now,
+        audit: None,
     }
 }
 

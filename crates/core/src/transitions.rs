@@ -149,6 +149,7 @@ fn same_attempt(
         expiry: None,
         events,
         now: at.now,
+        audit: None,
     }
 }
 
@@ -181,6 +182,7 @@ fn new_attempt(record: &Record, next: RecordState, events: Vec<Event>, at: At<'_
         expiry: None,
         events,
         now: at.now,
+        audit: None,
     }
 }
 

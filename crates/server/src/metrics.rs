@@ -8,6 +8,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use idemgate_core::audit::Entry;
 use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
@@ -182,6 +183,13 @@ impl Store for MeteredStore {
             }
             answer
         })
+    }
+    fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Entry>, store::Error>> {
+        self.inner.audit_log(after, limit)
     }
     fn append_events<'a>(
         &'a self,

@@ -12,6 +12,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Dispatch, Event, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
@@ -371,6 +372,13 @@ impl<S: Store> Store for SimStore<S> {
             self.before_write("append_events").await?;
             block_on(self.inner.append_events(key, events))?;
             self.after_write("append_events", ()).await
+        })
+    }
+
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        Box::pin(async move {
+            self.before_read("audit_log").await?;
+            block_on(self.inner.audit_log(after, limit))
         })
     }
 

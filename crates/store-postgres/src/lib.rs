@@ -15,6 +15,8 @@
 //!   (on by default, [`Options::batching`]): each caller answered after the commit of the
 //!   statement that held its row, a lone caller sent at once, and every guarantee of the
 //!   single-row statements kept.
+//! - `audit` — the audit log of operator actions: a transition that carries an entry runs in
+//!   an explicit transaction that locks the chain's head row after the update applied.
 //! - `conn` — pool checkout, client-side deadlines, and the rules that classify a failure as
 //!   `Unavailable` (nothing changed) or `Ambiguous` (a write may have committed).
 //! - [`migrate`] — embedded, versioned migrations applied under an advisory lock;
@@ -35,6 +37,7 @@
 //! database must keep its clock synchronised (NTP) to well within one lease length, or a host
 //! whose clock runs ahead will take over leases that are still live elsewhere.
 
+mod audit;
 mod batch;
 mod conn;
 pub mod migrate;
@@ -46,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idemgate_core::audit::{Draft, Entry, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
 use idemgate_core::store::{
@@ -126,6 +130,9 @@ pub struct PgStore {
     pool: Pool,
     deadline: Option<Duration>,
     batcher: Option<Arc<Batcher>>,
+    /// Seals operator actions' audit entries; unsigned unless [`PgStore::with_sealer`] gave a
+    /// key.
+    sealer: Sealer,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -283,6 +290,7 @@ impl PgStore {
             pool,
             deadline,
             batcher,
+            sealer: Sealer::unsigned(),
         })
     }
 
@@ -350,7 +358,10 @@ impl PgStore {
         claim_with(&mut conn, Kind::Write, &record, &row, &ev).await
     }
 
-    async fn apply(&self, t: Transition) -> Result<Cas, store::Error> {
+    async fn apply(&self, mut t: Transition) -> Result<Cas, store::Error> {
+        if let Some(draft) = t.audit.take() {
+            return self.transition_audited(t, &draft).await;
+        }
         let Some(batcher) = &self.batcher else {
             return self.transition_single(t).await;
         };
@@ -379,7 +390,63 @@ impl PgStore {
         }
     }
 
+    /// This store, sealing audit entries with `sealer` (a signing key, or unsigned).
+    pub fn with_sealer(mut self, sealer: Sealer) -> PgStore {
+        self.sealer = sealer;
+        self
+    }
+
     async fn transition_single(&self, t: Transition) -> Result<Cas, store::Error> {
+        let mut conn = self.conn().await?;
+        let rows = transition_on(&mut conn, &t).await?;
+        match rows.first() {
+            Some(r) => Ok(Cas::Done(record_of(r, 0)?)),
+            // The expectation no longer held. The caller decides from the current record.
+            None => Ok(Cas::Lost(get_with(&mut conn, &t.key).await?)),
+        }
+    }
+
+    /// A transition that carries an audit entry: the fenced update, then — only if it applied —
+    /// the chain's head locked, the entry sealed after it and inserted, and the head moved, all
+    /// in one transaction. Never batched: operator actions are rare, and the head's lock
+    /// serialises them across every gateway of the database anyway.
+    async fn transition_audited(&self, t: Transition, draft: &Draft) -> Result<Cas, store::Error> {
+        let mut conn = self.conn().await?;
+        conn.control(Kind::Write, "BEGIN").await?;
+        let written = async {
+            let rows = transition_on(&mut conn, &t).await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            let record = record_of(row, 0)?;
+            audit::append(&mut conn, draft, &self.sealer).await?;
+            Ok::<_, store::Error>(Some(record))
+        }
+        .await;
+        match written {
+            Ok(Some(record)) => {
+                conn.control(Kind::Write, "COMMIT").await?;
+                Ok(Cas::Done(record))
+            }
+            Ok(None) => {
+                conn.roll_back().await;
+                Ok(Cas::Lost(self.get_record(&t.key).await?))
+            }
+            Err(e) => {
+                conn.roll_back().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The fenced update of one transition on `conn`: the row as written, or none when the
+/// expectation no longer held.
+async fn transition_on(
+    conn: &mut Conn,
+    t: &Transition,
+) -> Result<Vec<tokio_postgres::Row>, store::Error> {
+    {
         let mut next = Row::default();
         next.set_state(&t.next);
         let (replace_request, request) = request_columns(&t.request);
@@ -388,50 +455,45 @@ impl PgStore {
         let expect_fence = t.expect.fence as i64;
         let fence = t.fence as i64;
         let (expires_at, purge_at) = expiry_columns(t.expiry);
-        let mut conn = self.conn().await?;
-        let rows = conn
-            .run(
-                Kind::Write,
-                sql::TRANSITION,
-                &[
-                    &t.key.tenant(),
-                    &t.key.as_str(),
-                    &expect_fence,
-                    &t.expect.status.as_str(),
-                    &t.expect.lease_expired_by,
-                    &next.status,
-                    &fence,
-                    &next.lease_owner,
-                    &next.lease_expires_at,
-                    &next.dispatch,
-                    &next.job_id,
-                    &next.effect_reference,
-                    &next.result,
-                    &next.error_code,
-                    &next.error_message,
-                    &replace_request,
-                    &request,
-                    &t.approved_by,
-                    &fingerprint,
-                    &t.now,
-                    &ev.kind,
-                    &ev.at,
-                    &ev.attempt,
-                    &ev.worker,
-                    &ev.detail,
-                    &expires_at,
-                    &purge_at,
-                    &t.expect.dispatch,
-                ],
-            )
-            .await?;
-        match rows.first() {
-            Some(r) => Ok(Cas::Done(record_of(r, 0)?)),
-            // The expectation no longer held. The caller decides from the current record.
-            None => Ok(Cas::Lost(get_with(&mut conn, &t.key).await?)),
-        }
+        conn.run(
+            Kind::Write,
+            sql::TRANSITION,
+            &[
+                &t.key.tenant(),
+                &t.key.as_str(),
+                &expect_fence,
+                &t.expect.status.as_str(),
+                &t.expect.lease_expired_by,
+                &next.status,
+                &fence,
+                &next.lease_owner,
+                &next.lease_expires_at,
+                &next.dispatch,
+                &next.job_id,
+                &next.effect_reference,
+                &next.result,
+                &next.error_code,
+                &next.error_message,
+                &replace_request,
+                &request,
+                &t.approved_by,
+                &fingerprint,
+                &t.now,
+                &ev.kind,
+                &ev.at,
+                &ev.attempt,
+                &ev.worker,
+                &ev.detail,
+                &expires_at,
+                &purge_at,
+                &t.expect.dispatch,
+            ],
+        )
+        .await
     }
+}
 
+impl PgStore {
     async fn append(&self, key: &OperationKey, events: Vec<Event>) -> Result<(), store::Error> {
         if events.is_empty() {
             return Ok(());
@@ -838,6 +900,17 @@ impl Store for PgStore {
 
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
         Box::pin(self.apply(transition))
+    }
+
+    fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Entry>, store::Error>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            audit::after(&mut conn, after, limit).await
+        })
     }
 
     fn append_events<'a>(

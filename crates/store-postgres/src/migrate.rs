@@ -21,6 +21,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0004_scans_by_environment",
         include_str!("../migrations/0004_scans_by_environment.sql"),
     ),
+    (
+        "0005_audit_log",
+        include_str!("../migrations/0005_audit_log.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -30,6 +30,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0005_scans_by_environment",
         include_str!("../migrations/0005_scans_by_environment.sql"),
     ),
+    (
+        "0006_audit_log",
+        include_str!("../migrations/0006_audit_log.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.

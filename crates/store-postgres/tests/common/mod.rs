@@ -133,6 +133,7 @@ pub fn step(current: &Record, next: RecordState, now: Millis, events: Vec<Event>
         expiry: None,
         events,
         now,
+        audit: None,
     }
 }
 
@@ -156,6 +157,7 @@ pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
         expiry: None,
         events: vec![event(EventKind::Recovered, now, fence, worker)],
         now,
+        audit: None,
     }
 }
 
