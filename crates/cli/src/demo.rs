@@ -280,7 +280,14 @@ pub async fn run() -> anyhow::Result<()> {
     mail.set_receipt_lookup(false);
     let approver = demo.worker("worker-b");
     let o = approver
-        .approve(&email_contract, &key(email_step), "operator-1", None, &mail)
+        .approve(
+            &email_contract,
+            &key(email_step),
+            "operator-1",
+            "approved in the demo",
+            None,
+            &mail,
+        )
         .await?;
     println!(
         "   operator-1 approves; the provider commits, the answer is lost, its log is behind:"
@@ -303,7 +310,14 @@ pub async fn run() -> anyhow::Result<()> {
     count("emails", mail.effects());
     mail.set_receipt_lookup(true);
     let o = approver
-        .reconcile(&email_contract, &key(email_step), None, "operator-1", &mail)
+        .reconcile(
+            &email_contract,
+            &key(email_step),
+            None,
+            "operator-1",
+            "looked up in the demo",
+            &mail,
+        )
         .await?;
     println!("   the provider's log catches up; operator-1 reconciles by receipt lookup:");
     show(&o);

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod audit;
 mod conformance;
 mod consume;
 mod contract;
@@ -74,6 +75,9 @@ enum Command {
     /// The transactional outbox of an application's own database.
     #[command(subcommand)]
     Outbox(outbox::Command),
+    /// The signed log of operator actions: keygen, export, verify.
+    #[command(subcommand)]
+    Audit(audit::Command),
 }
 
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
@@ -201,6 +205,7 @@ fn main() -> ExitCode {
         Command::Outbox(command) => runtime()
             .and_then(|rt| rt.block_on(outbox::run(command)))
             .map(|()| ExitCode::SUCCESS),
+        Command::Audit(command) => runtime().and_then(|rt| rt.block_on(audit::run(command))),
     };
     if let Some(traces) = traces {
         traces.shutdown();

@@ -70,6 +70,10 @@ enum Command {
         /// prints it).
         #[arg(long, value_name = "F")]
         fingerprint: Option<String>,
+        /// Why; recorded in the audit log with the operator's name (the gateway records "no
+        /// reason given" without it).
+        #[arg(long, value_name = "R", value_parser = non_empty)]
+        reason: Option<String>,
     },
     /// Deny an operation awaiting approval: every later delivery gets the refusal.
     Deny {
@@ -122,6 +126,10 @@ struct ReconcileArgs {
     /// Do not ask for confirmation of --not-applied (for scripts).
     #[arg(long, requires = "not_applied")]
     yes: bool,
+    /// Why; recorded in the audit log with the operator's name (the gateway records "no
+    /// reason given" without it).
+    #[arg(long, value_name = "R", value_parser = non_empty)]
+    reason: Option<String>,
 }
 
 /// A key has four non-empty parts; the gateway judges the rest (and answers 404 for a key of
@@ -474,8 +482,21 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::List(list) => list_operations(&client, list, json).await,
         Command::Show { key } => show(&client, &key, json).await,
-        Command::Approve { key, fingerprint } => {
-            let body = fingerprint.map(|f| json!({ "fingerprint": f }));
+        Command::Approve {
+            key,
+            fingerprint,
+            reason,
+        } => {
+            let body = (fingerprint.is_some() || reason.is_some()).then(|| {
+                let mut body = serde_json::Map::new();
+                if let Some(f) = fingerprint {
+                    body.insert("fingerprint".into(), f.into());
+                }
+                if let Some(r) = reason {
+                    body.insert("reason".into(), r.into());
+                }
+                Value::Object(body)
+            });
             act(&client, &key, Action::Approve, body, json).await
         }
         Command::Deny { key, reason } => {
@@ -483,7 +504,8 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<ExitCode> {
             act(&client, &key, Action::Deny, body, json).await
         }
         Command::Reconcile(r) => {
-            let (action, body) = if r.applied {
+            let reason = r.reason.clone();
+            let (action, mut body) = if r.applied {
                 let result = match &r.result {
                     Some(text) => serde_json::from_str::<Value>(text)
                         .map_err(|e| anyhow!("--result is not JSON: {e}"))?,
@@ -504,8 +526,12 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<ExitCode> {
                     Some(json!({ "resolution": "not_applied" })),
                 )
             } else {
-                (Action::Lookup, None)
+                let lookup = reason.is_some().then(|| json!({ "resolution": "lookup" }));
+                (Action::Lookup, lookup)
             };
+            if let (Some(Value::Object(body)), Some(reason)) = (body.as_mut(), reason) {
+                body.insert("reason".into(), reason.into());
+            }
             act(&client, &r.key, action, body, json).await
         }
     }

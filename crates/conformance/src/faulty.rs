@@ -21,6 +21,7 @@ use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
+use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
@@ -311,6 +312,12 @@ impl<S: Store> Store for FaultyStore<S> {
         })
     }
 
+    /// Read as it is, without faults: the log is exported by operators, never on a delivery's
+    /// path.
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        self.inner.audit_log(after, limit)
+    }
+
     fn append_events<'a>(
         &'a self,
         key: &'a OperationKey,
@@ -461,6 +468,7 @@ mod tests {
             events: vec![Event::new(EventKind::Committed, 10, 1, "w1")],
             now: 10,
             webhook: None,
+            audit: None,
         }
     }
 

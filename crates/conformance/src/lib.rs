@@ -12,8 +12,11 @@
 //! - [`mem::MemStore`] — the reference in-memory store.
 //! - [`harness::Harness`] and [`scenarios`] — the seed's fault matrix as named scenarios over any
 //!   store; `scenario_tests!(fresh)` makes them tests of a store crate.
+//! - [`audit_suite`] — the audit log's contract: entries only with their transitions, one
+//!   chain under concurrent appenders.
 //! - [`store_suite`] — the `Store` trait's contract, run against every store.
 
+pub mod audit_suite;
 pub mod downstream;
 pub mod faulty;
 pub mod gate;

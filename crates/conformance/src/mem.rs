@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use idemgate_core::audit::{Entry, Head, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
@@ -31,6 +32,8 @@ pub struct MemStore {
     // A std mutex: every method does its whole work under one lock and never awaits, which is
     // exactly the atomicity a database transaction gives the SQL stores.
     inner: Arc<Mutex<Tables>>,
+    /// Seals audit entries (unsigned unless [`MemStore::with_sealer`] gave a key).
+    sealer: Sealer,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +43,8 @@ struct Tables {
     // Traces live apart from records, like an events table: appending to a key without a
     // record is allowed, and only a purge deletes a trace.
     events: BTreeMap<OperationKey, Vec<Event>>,
+    // The audit log, in sequence order; appended only with the transition it records.
+    audit: Vec<Entry>,
     // Webhook deduplication rows by (source, event id), in arrival order within a key.
     webhooks: BTreeMap<(String, String), WebhookEvent>,
 }
@@ -56,6 +61,13 @@ fn may_write(tables: &Tables, event: &WebhookEvent) -> Option<WebhookEvent> {
 impl MemStore {
     pub fn new() -> MemStore {
         MemStore::default()
+    }
+
+    /// This store with audit entries sealed by `sealer` (clones made before share the records
+    /// but keep their own sealer).
+    pub fn with_sealer(mut self, sealer: Sealer) -> MemStore {
+        self.sealer = sealer;
+        self
     }
 
     /// Number of records held, tombstones included.
@@ -221,6 +233,7 @@ impl Store for MemStore {
                 events,
                 now,
                 webhook,
+                audit,
             } = transition;
             let decided = webhook.as_ref().and_then(|w| may_write(&tables, w));
             let cas = match tables.records.get_mut(&key) {
@@ -254,10 +267,33 @@ impl Store for MemStore {
                             .webhooks
                             .insert((w.source.clone(), w.event_id.clone()), w);
                     }
+                    if let Some(draft) = audit {
+                        let head = match tables.audit.last() {
+                            Some(last) => last.head().map_err(|e| {
+                                Error::Corrupt(format!("audit entry {}: {e}", last.seq))
+                            })?,
+                            None => Head::GENESIS,
+                        };
+                        let entry = self.sealer.seal(&draft, head);
+                        tables.audit.push(entry);
+                    }
                     Cas::Done(done)
                 }
             };
             Ok(cas)
+        })
+    }
+
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            Ok(tables
+                .audit
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(page(limit))
+                .cloned()
+                .collect())
         })
     }
 
@@ -565,6 +601,7 @@ mod tests {
             events: vec![event(EventKind::Committed)],
             now: 50,
             webhook: None,
+            audit: None,
         }
     }
 

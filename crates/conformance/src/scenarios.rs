@@ -483,7 +483,14 @@ pub async fn duplicate_intent_window_flags_new_key(store: Arc<dyn Store>) {
     assert_effects(&h, 1, "duplicate intent held");
     let approved = h
         .executor
-        .approve(&c, &key("s2"), "operator-7", None, &h.downstream)
+        .approve(
+            &c,
+            &key("s2"),
+            "operator-7",
+            "approved by a test",
+            None,
+            &h.downstream,
+        )
         .await
         .expect("the held duplicate can be approved");
     assert_eq!(approved.status, Status::Applied, "{approved:?}");
@@ -720,7 +727,14 @@ pub async fn timeout_without_commit_reconciled_not_applied(store: Arc<dyn Store>
     // Reconcile without a body: the lookup still finds nothing, so it stays unknown.
     let still = h
         .executor
-        .reconcile(&c, &key("s1"), None, "operator-1", &h.downstream)
+        .reconcile(
+            &c,
+            &key("s1"),
+            None,
+            "operator-1",
+            "looked up by a test",
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(still.status, Status::Unknown);
@@ -731,6 +745,7 @@ pub async fn timeout_without_commit_reconciled_not_applied(store: Arc<dyn Store>
             &key("s1"),
             Some(Resolution::NotApplied),
             "operator-1",
+            "resolved by a test",
             &h.downstream,
         )
         .await
@@ -891,7 +906,14 @@ pub async fn approval_gates_the_effect(store: Arc<dyn Store>) {
     let fp = h.record("s1").await.unwrap().fingerprint;
     let approved = h
         .executor
-        .approve(&c, &key("s1"), "operator-7", Some(&fp), &h.downstream)
+        .approve(
+            &c,
+            &key("s1"),
+            "operator-7",
+            "approved by a test",
+            Some(&fp),
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(approved.status, Status::Applied, "{approved:?}");
@@ -902,7 +924,14 @@ pub async fn approval_gates_the_effect(store: Arc<dyn Store>) {
     // Single use: a second approval finds nothing to approve.
     assert!(
         h.executor
-            .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+            .approve(
+                &c,
+                &key("s1"),
+                "operator-7",
+                "approved by a test",
+                None,
+                &h.downstream
+            )
             .await
             .is_err()
     );
@@ -917,7 +946,14 @@ pub async fn approval_gates_the_effect(store: Arc<dyn Store>) {
     h.auth.set(Authorization::Denied("revoked".into()));
     let denied = h
         .executor
-        .approve(&c, &key("s2"), "operator-7", None, &h.downstream)
+        .approve(
+            &c,
+            &key("s2"),
+            "operator-7",
+            "approved by a test",
+            None,
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(denied.error_code(), Some(ErrorCode::Forbidden));
@@ -943,7 +979,14 @@ pub async fn denied_approval_is_final(store: Arc<dyn Store>) {
     assert_eq!(retry.error_code(), Some(ErrorCode::ApprovalDenied));
     assert!(
         h.executor
-            .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+            .approve(
+                &c,
+                &key("s1"),
+                "operator-7",
+                "approved by a test",
+                None,
+                &h.downstream
+            )
             .await
             .is_err()
     );
@@ -1144,7 +1187,14 @@ pub async fn operator_resolves_unknown_as_applied(store: Arc<dyn Store>) {
     );
     let err = h
         .executor
-        .reconcile(&c, &key("s1"), None, "operator-1", &h.downstream)
+        .reconcile(
+            &c,
+            &key("s1"),
+            None,
+            "operator-1",
+            "looked up by a test",
+            &h.downstream,
+        )
         .await;
     assert!(
         err.is_err(),
@@ -1161,6 +1211,7 @@ pub async fn operator_resolves_unknown_as_applied(store: Arc<dyn Store>) {
                 result: json!({"ticket_id": reference}),
             }),
             "operator-1",
+            "resolved by a test",
             &h.downstream,
         )
         .await
@@ -1205,7 +1256,14 @@ pub async fn approval_denied_by_the_recheck_is_not_sent_by_the_recoverer(store: 
     h.auth.set(denied());
     let approved = h
         .executor
-        .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+        .approve(
+            &c,
+            &key("s1"),
+            "operator-7",
+            "approved by a test",
+            None,
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -1271,6 +1329,7 @@ pub async fn not_applied_with_a_revoked_actor_is_never_sent(store: Arc<dyn Store
             &key("s1"),
             Some(Resolution::NotApplied),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await
@@ -1418,7 +1477,14 @@ pub async fn refused_resend_after_a_lost_answer_is_unknown(store: Arc<dyn Store>
     h.downstream.set_receipt_lookup(true);
     let settled = h
         .executor
-        .reconcile(&c, &key("s-lookup"), None, "operator-7", &h.downstream)
+        .reconcile(
+            &c,
+            &key("s-lookup"),
+            None,
+            "operator-7",
+            "looked up by a test",
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(settled.status, Status::Replayed, "{settled:?}");
@@ -1467,7 +1533,14 @@ pub async fn retention_counts_from_settlement(store: Arc<dyn Store>) {
     h.clock.advance(50 * 60 * 1000);
     let approved = h
         .executor
-        .approve(&c, &key("s1"), "operator-7", None, &h.downstream)
+        .approve(
+            &c,
+            &key("s1"),
+            "operator-7",
+            "approved by a test",
+            None,
+            &h.downstream,
+        )
         .await
         .unwrap();
     assert_eq!(approved.status, Status::Applied);
@@ -1505,6 +1578,7 @@ pub async fn retention_counts_from_settlement(store: Arc<dyn Store>) {
                 result: json!({"ticket_id": reference}),
             }),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await
@@ -1685,6 +1759,7 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
             &key("pending"),
             Some(Resolution::NotApplied),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await;
@@ -1696,7 +1771,14 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
     // key, and settling under it would let the owner's send make a second effect.
     let looked = h
         .executor
-        .reconcile(&c, &key("pending"), None, "operator-7", &h.downstream)
+        .reconcile(
+            &c,
+            &key("pending"),
+            None,
+            "operator-7",
+            "looked up by a test",
+            &h.downstream,
+        )
         .await;
     assert!(
         matches!(looked, Err(ActionError::WrongState { .. })),
@@ -1713,6 +1795,7 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
                 result: json!({"ticket_id": "ticket_ext"}),
             }),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await
@@ -1737,6 +1820,7 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
             &key("held"),
             Some(Resolution::NotApplied),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await;
@@ -1754,6 +1838,7 @@ pub async fn operator_reconciles_any_unsettled_record(store: Arc<dyn Store>) {
                 result: json!({}),
             }),
             "operator-7",
+            "resolved by a test",
             &h.downstream,
         )
         .await

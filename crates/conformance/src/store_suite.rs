@@ -195,6 +195,7 @@ pub fn step(from: &Record, next: RecordState, now: Millis) -> Transition {
         events: Vec::new(),
         now,
         webhook: None,
+        audit: None,
     }
 }
 

@@ -21,11 +21,14 @@
 //!   fence (grown in one function), the trace entries, and retention counted from settlement.
 //! - [`outcome::Outcome`] — the labelled answer every face returns.
 //! - [`webhook`] — a webhook event's deduplication row, bound to the operation it finished.
+//! - [`audit`] — the operator actions' hash-chained, signed log: entries as data, their
+//!   canonical bytes and hashes; the store seals each in its transition's transaction.
 //! - [`lint`] — the seed's review worksheet as a linter over contract files.
 //!
 //! **This crate performs no I/O**: no clock reads (a [`clock::Clock`] is injected), no files,
 //! no network, no database, no async runtime.
 
+pub mod audit;
 pub mod canonical;
 pub mod clock;
 pub mod contract;

@@ -9,6 +9,7 @@ use std::pin::Pin;
 
 use serde_json::Value;
 
+use crate::audit::{Draft, Entry};
 use crate::fingerprint::Fingerprint;
 use crate::key::OperationKey;
 use crate::record::{Event, Millis, Record, RecordState, RecordStatus};
@@ -102,6 +103,9 @@ pub struct Transition {
     /// same transaction, by the rule of [`WebhookEvent`], and when that rule writes nothing (a
     /// decided row for the event exists) the transition is not applied either (`Cas::Lost`).
     pub webhook: Option<WebhookEvent>,
+    /// An operator action's audit entry: appended to the audit log in the same transaction,
+    /// only if the transition applies (see [`Store::transition`]).
+    pub audit: Option<Draft>,
 }
 
 /// The answer of a compare-and-set.
@@ -258,8 +262,15 @@ pub trait Store: Send + Sync + 'static {
         since: Millis,
     ) -> BoxFuture<'_, Result<Claimed, Error>>;
 
-    /// Applies `transition` if the record still matches its expectation.
+    /// Applies `transition` if the record still matches its expectation. A transition with an
+    /// audit draft appends its entry to the audit log in the same transaction: sealed (see
+    /// [`crate::audit::Sealer`]) after the chain's head, read under a lock that serialises every
+    /// appender of the database, so the log is one unbroken chain. A transition that does not
+    /// apply appends nothing; an append that fails fails the transition, which is not applied.
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>>;
+
+    /// Audit entries with a sequence number above `after`, oldest first, at most `limit`.
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>>;
 
     /// Appends trace entries without a transition.
     fn append_events<'a>(
@@ -362,6 +373,9 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         (**self).transition(transition)
+    }
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        (**self).audit_log(after, limit)
     }
     fn append_events<'a>(
         &'a self,

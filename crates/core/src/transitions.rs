@@ -150,6 +150,7 @@ fn same_attempt(
         events,
         now: at.now,
         webhook: None,
+        audit: None,
     }
 }
 
@@ -183,6 +184,7 @@ fn new_attempt(record: &Record, next: RecordState, events: Vec<Event>, at: At<'_
         events,
         now: at.now,
         webhook: None,
+        audit: None,
     }
 }
 

@@ -120,6 +120,8 @@ pub struct ListQuery {
 
 /// An operator's reconciliation of an `unknown` operation, as read. With no body, the receipt
 /// is looked up now. [`ReconcileBody`] documents the same shape for the OpenAPI document.
+/// Every variant takes an optional `reason`, recorded in the audit log ([`DEFAULT_REASON`]
+/// when left out).
 #[derive(Debug, Deserialize)]
 #[serde(tag = "resolution", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ReconcileRequest {
@@ -128,9 +130,34 @@ pub enum ReconcileRequest {
         effect_reference: String,
         #[serde(default)]
         result: Value,
+        #[serde(default)]
+        reason: Option<String>,
     },
     /// The effect did not happen: the key may run again.
-    NotApplied,
+    NotApplied {
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Look the receipt up now, as with no body, with a reason for the audit log.
+    Lookup {
+        #[serde(default)]
+        reason: Option<String>,
+    },
+}
+
+/// The reason recorded for an operator action whose request gave none.
+pub const DEFAULT_REASON: &str = "no reason given";
+
+/// The longest reason kept, in characters; a longer one is cut, not refused.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// An operator's reason as recorded: the given text cut to [`MAX_REASON_CHARS`], or
+/// [`DEFAULT_REASON`] when none (or only whitespace) was given.
+pub fn reason_of(given: Option<String>) -> String {
+    match given {
+        Some(text) if !text.trim().is_empty() => text.chars().take(MAX_REASON_CHARS).collect(),
+        Some(_) | None => DEFAULT_REASON.into(),
+    }
 }
 
 /// An operator's resolution of an `unknown` operation, told apart by `resolution`. With no
@@ -140,10 +167,12 @@ pub enum ReconcileRequest {
 #[schema(discriminator(property_name = "resolution", mapping(
     ("applied" = "#/components/schemas/ReconcileApplied"),
     ("not_applied" = "#/components/schemas/ReconcileNotApplied"),
+    ("lookup" = "#/components/schemas/ReconcileLookup"),
 )))]
 pub enum ReconcileBody {
     Applied(ReconcileApplied),
     NotApplied(ReconcileNotApplied),
+    Lookup(ReconcileLookup),
 }
 
 /// `resolution: applied`.
@@ -160,6 +189,13 @@ pub enum ResolutionNotApplied {
     NotApplied,
 }
 
+/// `resolution: lookup`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolutionLookup {
+    Lookup,
+}
+
 /// The effect happened: its reference in the system of record, and the result later
 /// deliveries replay.
 #[derive(Debug, Serialize, ToSchema)]
@@ -171,12 +207,27 @@ pub struct ReconcileApplied {
     #[schema(value_type = Value)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// Why, for the audit log (at most 500 characters); left out, "no reason given".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The effect did not happen: the key may run again.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ReconcileNotApplied {
     pub resolution: ResolutionNotApplied,
+    /// Why, for the audit log (at most 500 characters); left out, "no reason given".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Look the receipt up now (what no body does), giving a reason for the audit log.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReconcileLookup {
+    pub resolution: ResolutionLookup,
+    /// Why, for the audit log (at most 500 characters); left out, "no reason given".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Binds an approval to the exact call: the fingerprint the operator reviewed.
@@ -184,11 +235,15 @@ pub struct ReconcileNotApplied {
 #[serde(deny_unknown_fields)]
 pub struct ApproveRequest {
     pub fingerprint: Option<String>,
+    /// Why, for the audit log (at most 500 characters); left out, "no reason given".
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DenyRequest {
+    /// Why: every later delivery's refusal and the audit log carry it (at most 500
+    /// characters); left out, "no reason given".
     pub reason: Option<String>,
 }
 
@@ -779,16 +834,23 @@ pub async fn reconcile(
     let principal = authenticate(&state, &headers)?;
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
-    let resolution = optional_body::<ReconcileRequest>(&state, &bytes)?.map(|r| match r {
-        ReconcileRequest::Applied {
+    let (resolution, reason) = match optional_body::<ReconcileRequest>(&state, &bytes)? {
+        None => (None, None),
+        Some(ReconcileRequest::Lookup { reason }) => (None, reason),
+        Some(ReconcileRequest::Applied {
             effect_reference,
             result,
-        } => Resolution::Applied {
-            reference: effect_reference,
-            result,
-        },
-        ReconcileRequest::NotApplied => Resolution::NotApplied,
-    });
+            reason,
+        }) => (
+            Some(Resolution::Applied {
+                reference: effect_reference,
+                result,
+            }),
+            reason,
+        ),
+        Some(ReconcileRequest::NotApplied { reason }) => (Some(Resolution::NotApplied), reason),
+    };
+    let reason = reason_of(reason);
     if let Some(Resolution::Applied { reference, .. }) = &resolution
         && reference.trim().is_empty()
     {
@@ -803,6 +865,7 @@ pub async fn reconcile(
             &key,
             resolution,
             &principal.name,
+            &reason,
             tool.downstream.as_ref(),
         )
         .await
@@ -841,6 +904,7 @@ pub async fn approve(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<ApproveRequest>(&state, &bytes)?.unwrap_or_default();
+    let reason = reason_of(request.reason);
     let expected = match request.fingerprint {
         Some(text) => Some(
             Fingerprint::parse(&text)
@@ -857,6 +921,7 @@ pub async fn approve(
             tool.contract.clone(),
             key,
             principal.name.clone(),
+            reason,
             expected,
             tool.downstream.clone(),
         )
@@ -892,8 +957,7 @@ pub async fn deny(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<DenyRequest>(&state, &bytes)?.unwrap_or_default();
-    let reason = request.reason.unwrap_or_else(|| "no reason given".into());
-    let reason: String = reason.chars().take(500).collect();
+    let reason = reason_of(request.reason);
     let (key, record) = own_record(&state, &principal, &key).await?;
     let tool = loaded_tool(&state, &record)?;
     state

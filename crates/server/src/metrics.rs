@@ -9,6 +9,7 @@ use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use idemgate_core::audit::Entry;
 use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
@@ -183,6 +184,13 @@ impl Store for MeteredStore {
             }
             answer
         })
+    }
+    fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Entry>, store::Error>> {
+        self.inner.audit_log(after, limit)
     }
     fn append_events<'a>(
         &'a self,

@@ -54,24 +54,40 @@ pub enum Error {
     Unsupported(String),
 }
 
-/// Opens a store from its URL: `sqlite://PATH` or `postgres://…`.
+/// Opens a store from its URL: `sqlite://PATH` or `postgres://…`, sealing its audit entries
+/// with the key in `IDEMGATE_AUDIT_KEY` (unsigned, with a warning, when it is not set; a
+/// malformed key stops the start).
 pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
     let fail = |message: String| Error::Store {
         url: redact(url),
         message,
     };
+    let audit = idemgate_audit::sealer_from_env().map_err(|e| Error::Unsupported(e.to_string()))?;
+    match audit.public_key() {
+        Some(key) => tracing::info!(
+            public_key = idemgate_core::audit::hex(&key),
+            "audit log entries are signed"
+        ),
+        None => tracing::warn!(
+            "{} is not set: audit log entries are chained but unsigned, and `idemgate audit \
+             verify --public-key` will refuse them (see docs/operators.md, Audit log)",
+            idemgate_audit::KEY_VAR
+        ),
+    }
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
             return Err(fail("names no file; write sqlite://PATH".into()));
         }
         let store = idemgate_store_sqlite::SqliteStore::open(path, Default::default())
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.to_string()))?
+            .with_sealer(audit);
         return Ok(Arc::new(store));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = idemgate_store_postgres::PgStore::connect(url, Default::default())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.to_string()))?
+            .with_sealer(audit);
         return Ok(Arc::new(store));
     }
     Err(fail("must start with sqlite:// or postgres://".into()))

@@ -15,8 +15,8 @@ use idemgate_core::outcome::ALL_CODES;
 use idemgate_core::record::{EventKind, RecordStatus};
 use idemgate_server::Gateway;
 use idemgate_server::api::{
-    ReconcileApplied, ReconcileBody, ReconcileNotApplied, ReconcileRequest, ResolutionApplied,
-    ResolutionNotApplied,
+    ReconcileApplied, ReconcileBody, ReconcileLookup, ReconcileNotApplied, ReconcileRequest,
+    ResolutionApplied, ResolutionLookup, ResolutionNotApplied,
 };
 use idemgate_server::problems::{self, ProblemBase};
 use serde_json::{Value, json};
@@ -224,7 +224,7 @@ async fn the_reconcile_body_is_a_discriminated_one_of() {
     let mapping = discriminator["mapping"].as_object().unwrap();
     assert_eq!(
         mapping.keys().collect::<Vec<_>>(),
-        ["applied", "not_applied"]
+        ["applied", "lookup", "not_applied"]
     );
     let one_of: Vec<&str> = schema["oneOf"]
         .as_array()
@@ -253,14 +253,25 @@ async fn the_reconcile_body_is_a_discriminated_one_of() {
             resolution: ResolutionApplied::Applied,
             effect_reference: "ticket_1".into(),
             result: Some(json!({"status": "solved"})),
+            reason: Some("the ticket shows it solved".into()),
         }),
         ReconcileBody::Applied(ReconcileApplied {
             resolution: ResolutionApplied::Applied,
             effect_reference: "ticket_1".into(),
             result: None,
+            reason: None,
         }),
         ReconcileBody::NotApplied(ReconcileNotApplied {
             resolution: ResolutionNotApplied::NotApplied,
+            reason: None,
+        }),
+        ReconcileBody::NotApplied(ReconcileNotApplied {
+            resolution: ResolutionNotApplied::NotApplied,
+            reason: Some("no ticket exists".into()),
+        }),
+        ReconcileBody::Lookup(ReconcileLookup {
+            resolution: ResolutionLookup::Lookup,
+            reason: Some("the provider was down".into()),
         }),
     ];
     for body in documented {

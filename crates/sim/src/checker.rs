@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use idemgate_core::audit::{Entry, Head, hex_array};
 use idemgate_core::effect::AuthStage;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Status};
@@ -69,6 +70,43 @@ pub const SETTLED: &str = "nothing_stays_stuck";
 pub const RECORDS: &str = "records_agree_with_the_ledger";
 pub const DECLARED: &str = "downstream_used_as_declared";
 pub const RETENTION: &str = "retention_counts_from_settlement";
+pub const AUDITED: &str = "operator_actions_audited_once";
+
+/// Every committed operator transition has exactly one audit entry, and the log is one chain:
+/// sequence numbers 1, 2, 3, …, each entry linked to the one before and hashed as it reads.
+pub fn check_audit(h: &History, entries: &[Entry]) -> Result<(), Violation> {
+    let mut head = Head::GENESIS;
+    for e in entries {
+        let linked = e.seq == head.seq + 1
+            && hex_array::<32>(&e.prev_hash) == Some(head.hash)
+            && e.content_hash().is_ok_and(|hash| hash == e.hash);
+        if !linked {
+            return keep(violation(
+                AUDITED,
+                format!("audit entry {} does not follow entry {}", e.seq, head.seq),
+            ));
+        }
+        head = match e.head() {
+            Ok(next) => next,
+            Err(err) => return keep(violation(AUDITED, format!("entry {}: {err}", e.seq))),
+        };
+    }
+    let mut logged: Vec<&str> = entries.iter().map(|e| e.operation_key.as_str()).collect();
+    let mut done: Vec<&str> = h.operator_transitions.iter().map(|k| k.as_str()).collect();
+    logged.sort_unstable();
+    done.sort_unstable();
+    if logged != done {
+        return keep(violation(
+            AUDITED,
+            format!(
+                "{} operator transitions committed ({done:?}), {} audit entries ({logged:?})",
+                done.len(),
+                logged.len()
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Every check over the history of calls and answers.
 pub fn check_history(h: &History) -> Result<(), Violation> {

@@ -187,6 +187,9 @@ pub struct History {
     /// record a claim or a transition answered with): where a rejection's knowledge of the key
     /// comes from.
     pub reads: BTreeMap<(TaskId, OperationKey), Vec<u64>>,
+    /// The key of every committed transition that recorded an operator action (an approved,
+    /// denied or reconciled event), in commit order: each must have exactly one audit entry.
+    pub operator_transitions: Vec<OperationKey>,
     seq: u64,
 }
 

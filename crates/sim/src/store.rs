@@ -13,8 +13,11 @@ use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Digest, Dispatch, Event, Millis, Record, RecordState, RecordStatus};
+use idemgate_core::record::{
+    Digest, Dispatch, Event, EventKind, Millis, Record, RecordState, RecordStatus,
+};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
@@ -85,6 +88,18 @@ impl<S: Store> SimStore<S> {
             ..Filter::default()
         }))
         .unwrap_or_default()
+    }
+
+    /// The whole audit log, straight from the inner store.
+    pub fn audit_entries(&self) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = Vec::new();
+        loop {
+            let after = entries.last().map_or(0, |e| e.seq);
+            match block_on(self.inner.audit_log(after, 1000)) {
+                Ok(page) if !page.is_empty() => entries.extend(page),
+                Ok(_) | Err(_) => return entries,
+            }
+        }
     }
 
     /// Before a write: a crash point, then perhaps a refusal (nothing written).
@@ -321,12 +336,21 @@ impl<S: Store> Store for SimStore<S> {
                         .into(),
                 ));
             }
+            let operator = transition.events.iter().any(|e| {
+                matches!(
+                    e.kind,
+                    EventKind::Approved | EventKind::Denied | EventKind::Reconciled
+                )
+            });
             let cas = block_on(self.inner.transition(transition))?;
             self.read_by_task(&key);
             {
                 let mut s = self.sim.lock();
                 if let Cas::Done(r) = &cas {
                     s.history.writes += 1;
+                    if operator {
+                        s.history.operator_transitions.push(key.clone());
+                    }
                     let was_settled = matches!(
                         from,
                         RecordStatus::Applied
@@ -372,6 +396,13 @@ impl<S: Store> Store for SimStore<S> {
             self.before_write("append_events").await?;
             block_on(self.inner.append_events(key, events))?;
             self.after_write("append_events", ()).await
+        })
+    }
+
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        Box::pin(async move {
+            self.before_read("audit_log").await?;
+            block_on(self.inner.audit_log(after, limit))
         })
     }
 

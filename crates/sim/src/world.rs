@@ -469,6 +469,7 @@ impl<S: Store> Schedule<'_, S> {
                             &contract,
                             &key,
                             "operator",
+                            "simulated",
                             expected.as_ref(),
                             downstream.as_ref(),
                         )
@@ -513,7 +514,14 @@ impl<S: Store> Schedule<'_, S> {
                         )
                     });
                     let r = executor
-                        .reconcile(&contract, &key, resolution, "operator", downstream.as_ref())
+                        .reconcile(
+                            &contract,
+                            &key,
+                            resolution,
+                            "operator",
+                            "simulated",
+                            downstream.as_ref(),
+                        )
                         .await;
                     (Call::Reconcile, r)
                 }
@@ -637,11 +645,13 @@ impl<S: Store> Schedule<'_, S> {
                 self.settle();
             }
             let records = self.store.all();
+            let entries = self.store.audit_entries();
             let s = self.sim.lock();
             checker::check_history(&s.history)?;
             // Late deliveries may start new operations; only after the last jump, with none
             // since, must everything have settled.
             checker::check_records(&s.history, &records, s.step, i == jumps.len() - 1)?;
+            checker::check_audit(&s.history, &entries)?;
         }
         Ok(())
     }

@@ -15,6 +15,8 @@
 //!   (on by default, [`Options::batching`]): each caller answered after the commit of the
 //!   statement that held its row, a lone caller sent at once, and every guarantee of the
 //!   single-row statements kept.
+//! - `audit` — the audit log of operator actions: a transition that carries an entry runs in
+//!   an explicit transaction that locks the chain's head row after the update applied.
 //! - `conn` — pool checkout, client-side deadlines, and the rules that classify a failure as
 //!   `Unavailable` (nothing changed) or `Ambiguous` (a write may have committed).
 //! - [`migrate`] — embedded, versioned migrations applied under an advisory lock;
@@ -35,6 +37,7 @@
 //! database must keep its clock synchronised (NTP) to well within one lease length, or a host
 //! whose clock runs ahead will take over leases that are still live elsewhere.
 
+mod audit;
 mod batch;
 mod conn;
 pub mod migrate;
@@ -47,6 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idemgate_core::audit::{Draft, Entry, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
 use idemgate_core::store::{
@@ -128,6 +132,9 @@ pub struct PgStore {
     pool: Pool,
     deadline: Option<Duration>,
     batcher: Option<Arc<Batcher>>,
+    /// Seals operator actions' audit entries; unsigned unless [`PgStore::with_sealer`] gave a
+    /// key.
+    sealer: Sealer,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -285,6 +292,7 @@ impl PgStore {
             pool,
             deadline,
             batcher,
+            sealer: Sealer::unsigned(),
         })
     }
 
@@ -356,6 +364,9 @@ impl PgStore {
         if let Some(event) = t.webhook.take() {
             return self.transition_with_webhook(t, event).await;
         }
+        if let Some(draft) = t.audit.take() {
+            return self.transition_audited(t, &draft).await;
+        }
         let Some(batcher) = &self.batcher else {
             return self.transition_single(t).await;
         };
@@ -384,6 +395,12 @@ impl PgStore {
         }
     }
 
+    /// This store, sealing audit entries with `sealer` (a signing key, or unsigned).
+    pub fn with_sealer(mut self, sealer: Sealer) -> PgStore {
+        self.sealer = sealer;
+        self
+    }
+
     async fn transition_single(&self, t: Transition) -> Result<Cas, store::Error> {
         let mut conn = self.conn().await?;
         match transition_with(&mut conn, Kind::Write, &t).await? {
@@ -393,6 +410,41 @@ impl PgStore {
         }
     }
 
+    /// A transition that carries an audit entry: the fenced update, then — only if it applied —
+    /// the chain's head locked, the entry sealed after it and inserted, and the head moved, all
+    /// in one transaction. Never batched: operator actions are rare, and the head's lock
+    /// serialises them across every gateway of the database anyway.
+    async fn transition_audited(&self, t: Transition, draft: &Draft) -> Result<Cas, store::Error> {
+        let mut conn = self.conn().await?;
+        conn.control(Kind::Write, "BEGIN").await?;
+        let written = async {
+            // A statement of the explicit transaction: nothing commits before the COMMIT.
+            let Some(record) = transition_with(&mut conn, Kind::Read, &t).await? else {
+                return Ok(None);
+            };
+            audit::append(&mut conn, draft, &self.sealer).await?;
+            Ok::<_, store::Error>(Some(record))
+        }
+        .await;
+        match written {
+            Ok(Some(record)) => {
+                conn.control(Kind::Write, "COMMIT").await?;
+                Ok(Cas::Done(record))
+            }
+            Ok(None) => {
+                conn.roll_back().await;
+                Ok(Cas::Lost(self.get_record(&t.key).await?))
+            }
+            Err(e) => {
+                conn.roll_back().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+
+impl PgStore {
     async fn append(&self, key: &OperationKey, events: Vec<Event>) -> Result<(), store::Error> {
         if events.is_empty() {
             return Ok(());
@@ -886,6 +938,17 @@ impl Store for PgStore {
 
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, store::Error>> {
         Box::pin(self.apply(transition))
+    }
+
+    fn audit_log(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<Entry>, store::Error>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            audit::after(&mut conn, after, limit).await
+        })
     }
 
     fn append_events<'a>(

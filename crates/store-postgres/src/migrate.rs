@@ -22,6 +22,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0004_scans_by_environment.sql"),
     ),
     (
+        "0005_audit_log",
+        include_str!("../migrations/0005_audit_log.sql"),
+    ),
+    (
         "0006_webhook_events",
         include_str!("../migrations/0006_webhook_events.sql"),
     ),

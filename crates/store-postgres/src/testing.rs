@@ -214,9 +214,19 @@ impl TestDatabase {
             .await
             .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.name));
         client
-            .batch_execute("TRUNCATE operations, events, webhook_events RESTART IDENTITY")
+            .batch_execute(
+                "TRUNCATE operations, events, webhook_events, audit_log RESTART IDENTITY; \
+                 UPDATE audit_head SET seq = 0, hash = repeat('0', 64)",
+            )
             .await
             .unwrap_or_else(|e| panic!("cannot truncate test database {}: {e}", self.name));
+    }
+
+    /// A plain client of the fresh database, for tests that change its schema (a trigger).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        admin_client(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.name))
     }
 
     /// Drops the database now (ending its connections), instead of when dropped.

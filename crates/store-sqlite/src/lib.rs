@@ -18,6 +18,8 @@
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
 //! - `webhooks` — the webhook deduplication table: reads, the dedup upsert, and the guard a
 //!   transition caused by an event carries, so the row and the transition commit together.
+//! - `audit` — the audit log of operator actions, appended in the transaction of the
+//!   transition it records (the chain's head read under the write lock).
 //! - `trace` — the event trace, kept in the operation's own row, one JSON array per entry.
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
 //!   in WAL mode reads never wait behind the writer.
@@ -35,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_core::audit::{Entry, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
@@ -43,6 +46,7 @@ use idemgate_core::store::{
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
 
+mod audit;
 mod error;
 mod read;
 mod readers;
@@ -116,6 +120,9 @@ impl Default for Options {
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
+    /// Seals the audit entries of operator actions; unsigned unless
+    /// [`SqliteStore::with_sealer`] gave a key.
+    sealer: Sealer,
 }
 
 struct Inner {
@@ -183,7 +190,14 @@ impl SqliteStore {
                 counters,
                 path,
             }),
+            sealer: Sealer::unsigned(),
         })
+    }
+
+    /// This store, sealing audit entries with `sealer` (a signing key, or unsigned).
+    pub fn with_sealer(mut self, sealer: Sealer) -> SqliteStore {
+        self.sealer = sealer;
+        self
     }
 
     /// The schema version of the file (`PRAGMA user_version`): [`SCHEMA_VERSION`] once open.
@@ -351,13 +365,18 @@ impl Store for SqliteStore {
     fn transition(&self, transition: Transition) -> BoxFuture<'_, Result<Cas, Error>> {
         let update = Arc::new(write::Update::new(&transition));
         let work = Arc::clone(&update);
+        let sealer = self.sealer.clone();
         Box::pin(async move {
             self.inner
                 .writer
-                .submit(move |tx| write::transition(tx, &work))
+                .submit(move |tx| write::transition(tx, &work, &sealer))
                 .await?
                 .decode(update)
         })
+    }
+
+    fn audit_log(&self, after: u64, limit: usize) -> BoxFuture<'_, Result<Vec<Entry>, Error>> {
+        Box::pin(async move { self.read(|conn| audit::after(conn, after, limit)) })
     }
 
     fn append_events<'a>(
@@ -533,6 +552,7 @@ mod tests {
             events: Vec::new(),
             now: 1_000,
             webhook: None,
+            audit: None,
         };
         let finalise = Transition {
             next: RecordState::Applied(Receipt {

@@ -31,6 +31,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0005_scans_by_environment.sql"),
     ),
     (
+        "0006_audit_log",
+        include_str!("../migrations/0006_audit_log.sql"),
+    ),
+    (
         "0007_webhook_events",
         include_str!("../migrations/0007_webhook_events.sql"),
     ),

@@ -4,6 +4,7 @@
 //! the caller's task prepares (`Claim`, `Update`, encoded trace entries), leaving the writer
 //! thread only the binding and the stepping.
 
+use idemgate_core::audit::{Draft, Sealer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
@@ -175,6 +176,8 @@ pub(crate) struct Update {
     values: Vec<Value>,
     /// The webhook event the transition carries, written in the same command.
     webhook: Option<webhooks::Row>,
+    /// The operator action's audit entry, appended only if the update applied.
+    audit: Option<Draft>,
 }
 
 impl Update {
@@ -254,6 +257,7 @@ impl Update {
             values,
             state,
             webhook,
+            audit: t.audit.clone(),
         }
     }
 }
@@ -359,7 +363,9 @@ impl Written {
     }
 }
 
-pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> {
+/// The compare-and-set, and with it, once it applied, the audit entry it carries: an append
+/// that fails fails the command after it wrote, so the writer rolls the transition back with it.
+pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update, sealer: &Sealer) -> Result<Written, Error> {
     let what = || format!("transition of {} to {}", t.key, t.state.status);
     let changed = tx
         .statement(&t.sql)
@@ -389,6 +395,9 @@ pub(crate) fn transition(tx: &mut Tx<'_>, t: &Update) -> Result<Written, Error> 
             "{}: its webhook event was decided meanwhile",
             what()
         )));
+    }
+    if let (Some(_), Some(draft)) = (&unset, &t.audit) {
+        crate::audit::append(tx, draft, sealer)?;
     }
     match unset {
         Some(unset) => Ok(Written::Done(unset)),

@@ -108,6 +108,7 @@ impl Executor {
         contract: Arc<Contract>,
         key: OperationKey,
         approver: String,
+        reason: String,
         expected: Option<Fingerprint>,
         effect: Arc<dyn Downstream>,
     ) -> Result<Outcome, ActionError> {
@@ -120,6 +121,7 @@ impl Executor {
                         &contract,
                         &key,
                         &approver,
+                        &reason,
                         expected.as_ref(),
                         effect.as_ref(),
                     )

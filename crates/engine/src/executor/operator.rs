@@ -1,5 +1,6 @@
 //! What operators do — approve, deny, reconcile — and the status read every face polls.
 
+use idemgate_core::audit::{Action, Draft};
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::{AuthStage, Downstream, Lookup};
 use idemgate_core::fingerprint::Fingerprint;
@@ -89,12 +90,14 @@ impl Executor {
     /// call (`expected`, when given, must be the stored fingerprint), is single-use (the
     /// record leaves `awaiting_approval`), and records who approved. The effect then runs, with
     /// authorization rechecked for the original caller, on a task of its own when run through
-    /// [`Executor::approve_detached`].
+    /// [`Executor::approve_detached`]. The approval's transition carries its audit entry
+    /// (actor, `reason`), written in the same store transaction.
     pub async fn approve(
         &self,
         contract: &Contract,
         key: &OperationKey,
         approver: &str,
+        reason: &str,
         expected: Option<&Fingerprint>,
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
@@ -124,7 +127,8 @@ impl Executor {
                 action: "approved",
             });
         }
-        let t = transitions::approve(&record, contract, approver, self.at());
+        let mut t = transitions::approve(&record, contract, approver, self.at());
+        t.audit = Some(Draft::of(&record, &t, Action::Approved, approver, reason));
         let claim = match self.store.transition(t).await? {
             Cas::Done(r) => Claim::new(r),
             Cas::Lost(_) => return Err(ActionError::Raced(key.clone())),
@@ -147,7 +151,7 @@ impl Executor {
     }
 
     /// An operator denies an operation awaiting approval: it ends as a refusal that every later
-    /// delivery replays.
+    /// delivery replays. Its transition carries the audit entry.
     pub async fn deny(
         &self,
         contract: &Contract,
@@ -158,7 +162,8 @@ impl Executor {
         let record = self
             .load_for(key, &[RecordStatus::AwaitingApproval], "denied")
             .await?;
-        let t = transitions::deny(&record, contract, approver, reason, self.at());
+        let mut t = transitions::deny(&record, contract, approver, reason, self.at());
+        t.audit = Some(Draft::of(&record, &t, Action::Denied, approver, reason));
         match self.store.transition(t).await? {
             Cas::Done(r) => Ok(machine::status_outcome(Some(contract), &r, self.now())),
             Cas::Lost(_) => Err(ActionError::Raced(key.clone())),
@@ -168,13 +173,17 @@ impl Executor {
     /// Reconciles a record that has not settled — `unknown`, `pending`, or awaiting approval:
     /// with no resolution, by looking the receipt up now; with an operator's resolution, as the
     /// operator says (recorded with the actor). `not_applied` is refused while a worker's lease
-    /// is live (it may be sending right now) and for an approval (deny it instead).
+    /// is live (it may be sending right now) and for an approval (deny it instead). Every
+    /// transition this makes — a lookup that settles, a resolution — carries its audit entry
+    /// (actor, `reason`); a lookup that settles nothing, or an action refused or lost to a
+    /// race, writes nothing, so appends nothing.
     pub async fn reconcile(
         &self,
         contract: &Contract,
         key: &OperationKey,
         resolution: Option<Resolution>,
         actor: &str,
+        reason: &str,
         effect: &dyn Downstream,
     ) -> Result<Outcome, ActionError> {
         const UNSETTLED: [RecordStatus; 3] = [
@@ -184,7 +193,12 @@ impl Executor {
         ];
         let record = self.load_for(key, &UNSETTLED, "reconciled").await?;
         let at = self.at();
-        let t = match resolution {
+        let action = match &resolution {
+            None => Action::SettledByLookup,
+            Some(Resolution::Applied { .. }) => Action::ResolvedApplied,
+            Some(Resolution::NotApplied) => Action::ResolvedNotApplied,
+        };
+        let mut t = match resolution {
             None => {
                 if !contract.receipt_lookup() {
                     return Err(ActionError::NoLookup(contract.name.clone()));
@@ -219,10 +233,10 @@ impl Executor {
                     Lookup::Found(_) | Lookup::NotFound => {
                         return Ok(machine::status_outcome(Some(contract), &record, at.now));
                     }
-                    Lookup::Unavailable(reason) => {
+                    Lookup::Unavailable(why) => {
                         tracing::warn!(
                             operation_key = key.as_str(),
-                            reason,
+                            reason = why,
                             "operator's receipt lookup unavailable"
                         );
                         return Ok(machine::status_outcome(Some(contract), &record, at.now));
@@ -320,6 +334,7 @@ impl Executor {
                 }
             },
         };
+        t.audit = Some(Draft::of(&record, &t, action, actor, reason));
         match self.store.transition(t).await? {
             Cas::Done(r) => {
                 self.settled.offer(&r, self.now());

@@ -134,6 +134,7 @@ pub fn step(current: &Record, next: RecordState, now: Millis, events: Vec<Event>
         events,
         now,
         webhook: None,
+        audit: None,
     }
 }
 
@@ -158,6 +159,7 @@ pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
         events: vec![event(EventKind::Recovered, now, fence, worker)],
         now,
         webhook: None,
+        audit: None,
     }
 }
 

@@ -1,0 +1,73 @@
+//! The audit log on PostgreSQL: the shared audit cases; two stores (two gateways' pools) on one
+//! database appending at once; an append that fails inside the transaction rolling the
+//! transition back with it.
+
+use idemgate_conformance::audit_suite::{self, all_entries, denial, sealer};
+use idemgate_conformance::store_suite::{awaiting, record};
+use idemgate_core::record::RecordStatus;
+use idemgate_core::store::{Claimed, Store};
+use idemgate_store_postgres::testing::{self, TestDatabase};
+
+async fn database() -> Option<TestDatabase> {
+    testing::fresh_database().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn entry_only_with_its_transition() {
+    let Some(db) = database().await else { return };
+    audit_suite::entry_only_with_its_transition(db.store().await.with_sealer(sealer())).await;
+    db.drop_now().await;
+}
+
+/// Two stores with pools of their own, as two gateway processes: their denials interleave, and
+/// the head row's lock still gives one chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_appending_at_once_keep_one_chain() {
+    let Some(db) = database().await else { return };
+    let a = db.store().await.with_sealer(sealer());
+    let b = db.store().await.with_sealer(sealer());
+    audit_suite::concurrent_appenders_keep_one_chain(a, b, 40).await;
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_append_rolls_the_transition_back() {
+    let Some(db) = database().await else { return };
+    let store = db.store().await.with_sealer(sealer());
+    let r = record("acme:prod:wf:refused-audit", awaiting(90_000));
+    assert!(matches!(
+        store.claim(r.clone(), Vec::new()).await,
+        Ok(Claimed::Inserted(_))
+    ));
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'audit log refused by the test'; END $$; \
+             CREATE TRIGGER no_audit BEFORE INSERT ON audit_log \
+             FOR EACH ROW EXECUTE FUNCTION refuse_audit();",
+        )
+        .await
+        .unwrap();
+    let failed = store.transition(denial(&r, "alice", 2_000)).await;
+    assert!(failed.is_err(), "the transition must fail: {failed:?}");
+    let now = store
+        .get(&r.key)
+        .await
+        .unwrap()
+        .expect("the record is kept");
+    assert_eq!(now.status(), RecordStatus::AwaitingApproval, "rolled back");
+    assert_eq!(now.fence, r.fence);
+    assert!(store.events(&r.key).await.unwrap().is_empty());
+    assert!(all_entries(&store).await.is_empty());
+
+    client
+        .batch_execute("DROP TRIGGER no_audit ON audit_log")
+        .await
+        .unwrap();
+    assert!(store.transition(denial(&r, "alice", 3_000)).await.is_ok());
+    let entries = all_entries(&store).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!((entries[0].seq, entries[0].at), (1, 3_000));
+    db.drop_now().await;
+}
