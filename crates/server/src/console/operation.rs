@@ -508,13 +508,23 @@ pub async fn act(
     }
     let actor = session.principal.name.clone();
     let answer = match action {
-        "approve" => approve(&state, tool, &key, &actor, form.fingerprint.as_deref()).await,
+        "approve" => {
+            approve(
+                &state,
+                tool,
+                &key,
+                &actor,
+                &reason,
+                form.fingerprint.as_deref(),
+            )
+            .await
+        }
         "deny" => state
             .executor()
             .deny(&tool.contract, &key, &actor, &reason)
             .await
             .map_err(|e| e.to_string()),
-        "lookup" => reconcile(&state, tool, &key, None, &actor).await,
+        "lookup" => reconcile(&state, tool, &key, None, &actor, &reason).await,
         "resolve_applied" => {
             let reference = form.reference.as_deref().unwrap_or("").trim();
             if reference.is_empty() {
@@ -538,7 +548,7 @@ pub async fn act(
                 reference: reference.to_string(),
                 result,
             };
-            reconcile(&state, tool, &key, Some(resolution), &actor).await
+            reconcile(&state, tool, &key, Some(resolution), &actor, &reason).await
         }
         "resolve_not_applied" => {
             if form.confirm.as_deref() != Some("yes") {
@@ -554,7 +564,15 @@ pub async fn act(
                 )
                 .await;
             }
-            reconcile(&state, tool, &key, Some(Resolution::NotApplied), &actor).await
+            reconcile(
+                &state,
+                tool,
+                &key,
+                Some(Resolution::NotApplied),
+                &actor,
+                &reason,
+            )
+            .await
         }
         other => {
             return refuse(
@@ -566,8 +584,8 @@ pub async fn act(
             .await;
         }
     };
-    // The reason is recorded with the action: deny's in the record itself; for the others
-    // the engine takes no reason yet, so it goes to the log with the actor.
+    // The reason is recorded with the action, in the operation's events and the audit log;
+    // the log line names it with the actor too.
     tracing::info!(
         operation_key = key.as_str(),
         actor = %actor,
@@ -620,6 +638,7 @@ async fn approve(
     tool: &Tool,
     key: &OperationKey,
     actor: &str,
+    reason: &str,
     fingerprint: Option<&str>,
 ) -> Result<Outcome, String> {
     let expected = match fingerprint {
@@ -635,6 +654,7 @@ async fn approve(
             tool.contract.clone(),
             key.clone(),
             actor.to_string(),
+            reason.to_string(),
             expected,
             tool.downstream.clone(),
         )
@@ -648,6 +668,7 @@ async fn reconcile(
     key: &OperationKey,
     resolution: Option<Resolution>,
     actor: &str,
+    reason: &str,
 ) -> Result<Outcome, String> {
     state
         .executor()
@@ -656,6 +677,7 @@ async fn reconcile(
             key,
             resolution,
             actor,
+            reason,
             tool.downstream.as_ref(),
         )
         .await
