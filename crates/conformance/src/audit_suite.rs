@@ -163,3 +163,37 @@ pub async fn concurrent_appenders_keep_one_chain<S: Store + Clone>(a: S, b: S, p
         assert_eq!(report.entries, (2 * per_store) as u64);
     }
 }
+
+/// Claims a record awaiting approval for the rollback case: the store's test then makes its
+/// audit insert fail (a trigger) and calls [`failed_append_changed_nothing`].
+pub async fn record_for_rollback<S: Store>(store: &S) -> Record {
+    awaiting_record(store, "acme:prod:wf:refused-audit").await
+}
+
+/// With the store's audit insert made to fail, the denial of `r` fails whole: the record, its
+/// trace and the log are as before.
+pub async fn failed_append_changed_nothing<S: Store>(store: &S, r: &Record) {
+    let failed = store.transition(denial(r, "alice", 2_000)).await;
+    assert!(failed.is_err(), "the transition must fail: {failed:?}");
+    let now = store
+        .get(&r.key)
+        .await
+        .unwrap()
+        .expect("the record is kept");
+    assert_eq!(
+        now.status(),
+        idemgate_core::record::RecordStatus::AwaitingApproval,
+        "rolled back"
+    );
+    assert_eq!(now.fence, r.fence);
+    assert!(store.events(&r.key).await.unwrap().is_empty());
+    assert!(all_entries(store).await.is_empty());
+}
+
+/// With the insert allowed again, the same denial applies and its entry is the first.
+pub async fn append_works_again<S: Store>(store: &S, r: &Record) {
+    assert!(store.transition(denial(r, "alice", 3_000)).await.is_ok());
+    let entries = all_entries(store).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!((entries[0].seq, entries[0].at), (1, 3_000));
+}

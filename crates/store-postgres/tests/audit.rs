@@ -2,10 +2,7 @@
 //! database appending at once; an append that fails inside the transaction rolling the
 //! transition back with it.
 
-use idemgate_conformance::audit_suite::{self, all_entries, denial, sealer};
-use idemgate_conformance::store_suite::{awaiting, record};
-use idemgate_core::record::RecordStatus;
-use idemgate_core::store::{Claimed, Store};
+use idemgate_conformance::audit_suite::{self, sealer};
 use idemgate_store_postgres::testing::{self, TestDatabase};
 
 async fn database() -> Option<TestDatabase> {
@@ -34,11 +31,7 @@ async fn two_gateways_appending_at_once_keep_one_chain() {
 async fn a_failed_append_rolls_the_transition_back() {
     let Some(db) = database().await else { return };
     let store = db.store().await.with_sealer(sealer());
-    let r = record("acme:prod:wf:refused-audit", awaiting(90_000));
-    assert!(matches!(
-        store.claim(r.clone(), Vec::new()).await,
-        Ok(Claimed::Inserted(_))
-    ));
+    let r = audit_suite::record_for_rollback(&store).await;
     let client = db.client().await;
     client
         .batch_execute(
@@ -49,25 +42,11 @@ async fn a_failed_append_rolls_the_transition_back() {
         )
         .await
         .unwrap();
-    let failed = store.transition(denial(&r, "alice", 2_000)).await;
-    assert!(failed.is_err(), "the transition must fail: {failed:?}");
-    let now = store
-        .get(&r.key)
-        .await
-        .unwrap()
-        .expect("the record is kept");
-    assert_eq!(now.status(), RecordStatus::AwaitingApproval, "rolled back");
-    assert_eq!(now.fence, r.fence);
-    assert!(store.events(&r.key).await.unwrap().is_empty());
-    assert!(all_entries(&store).await.is_empty());
-
+    audit_suite::failed_append_changed_nothing(&store, &r).await;
     client
         .batch_execute("DROP TRIGGER no_audit ON audit_log")
         .await
         .unwrap();
-    assert!(store.transition(denial(&r, "alice", 3_000)).await.is_ok());
-    let entries = all_entries(&store).await;
-    assert_eq!(entries.len(), 1);
-    assert_eq!((entries[0].seq, entries[0].at), (1, 3_000));
+    audit_suite::append_works_again(&store, &r).await;
     db.drop_now().await;
 }

@@ -1,10 +1,7 @@
 //! The audit log on SQLite: the shared audit cases, two stores (two writers) on one file, and
 //! an append that fails inside the transaction rolling the transition back with it.
 
-use idemgate_conformance::audit_suite::{self, all_entries, denial, sealer};
-use idemgate_conformance::store_suite::{awaiting, record};
-use idemgate_core::record::RecordStatus;
-use idemgate_core::store::{Claimed, Store};
+use idemgate_conformance::audit_suite::{self, sealer};
 use idemgate_store_sqlite::{Options, SqliteStore};
 
 fn open(path: &std::path::Path) -> SqliteStore {
@@ -43,33 +40,14 @@ async fn a_failed_append_rolls_the_transition_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.db");
     let store = open(&path);
-    let r = record("acme:prod:wf:refused-audit", awaiting(90_000));
-    assert!(matches!(
-        store.claim(r.clone(), Vec::new()).await,
-        Ok(Claimed::Inserted(_))
-    ));
+    let r = audit_suite::record_for_rollback(&store).await;
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "CREATE TRIGGER no_audit BEFORE INSERT ON audit_log \
          BEGIN SELECT RAISE(ABORT, 'audit log refused by the test'); END;",
     )
     .unwrap();
-    let failed = store.transition(denial(&r, "alice", 2_000)).await;
-    assert!(failed.is_err(), "the transition must fail: {failed:?}");
-    let now = store
-        .get(&r.key)
-        .await
-        .unwrap()
-        .expect("the record is kept");
-    assert_eq!(now.status(), RecordStatus::AwaitingApproval, "rolled back");
-    assert_eq!(now.fence, r.fence);
-    assert!(store.events(&r.key).await.unwrap().is_empty());
-    assert!(all_entries(&store).await.is_empty());
-
-    // With the trigger gone the same denial applies, and its entry is the first.
+    audit_suite::failed_append_changed_nothing(&store, &r).await;
     conn.execute_batch("DROP TRIGGER no_audit").unwrap();
-    assert!(store.transition(denial(&r, "alice", 3_000)).await.is_ok());
-    let entries = all_entries(&store).await;
-    assert_eq!(entries.len(), 1);
-    assert_eq!((entries[0].seq, entries[0].at), (1, 3_000));
+    audit_suite::append_works_again(&store, &r).await;
 }
