@@ -443,7 +443,6 @@ impl PgStore {
     }
 }
 
-
 impl PgStore {
     async fn append(&self, key: &OperationKey, events: Vec<Event>) -> Result<(), store::Error> {
         if events.is_empty() {
