@@ -506,6 +506,12 @@ pub async fn act(
         )
         .await;
     }
+    // A lookup may go without one; the audit log then says so, as API v1 does.
+    let reason = if reason.is_empty() {
+        crate::api::DEFAULT_REASON.to_string()
+    } else {
+        reason
+    };
     let actor = session.principal.name.clone();
     let answer = match action {
         "approve" => {
