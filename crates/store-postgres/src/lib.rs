@@ -64,6 +64,12 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::batch::{Batcher, ClaimJob, Reply, TransitionJob};
 use crate::conn::{Conn, Kind};
 
+/// What an explicit transaction writes beside a transition's fenced update.
+enum Beside {
+    Webhook(WebhookEvent),
+    Audit(Draft),
+}
+
 /// What [`PgStore::migrate_url`] found and left: schema versions, 0 for an empty database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Migration {
@@ -362,10 +368,10 @@ impl PgStore {
 
     async fn apply(&self, mut t: Transition) -> Result<Cas, store::Error> {
         if let Some(event) = t.webhook.take() {
-            return self.transition_with_webhook(t, event).await;
+            return self.transition_beside(t, Beside::Webhook(event)).await;
         }
         if let Some(draft) = t.audit.take() {
-            return self.transition_audited(t, &draft).await;
+            return self.transition_beside(t, Beside::Audit(draft)).await;
         }
         let Some(batcher) = &self.batcher else {
             return self.transition_single(t).await;
@@ -410,30 +416,40 @@ impl PgStore {
         }
     }
 
-    /// A transition that carries an audit entry: the fenced update, then — only if it applied —
-    /// the chain's head locked, the entry sealed after it and inserted, and the head moved, all
-    /// in one transaction. Never batched: operator actions are rare, and the head's lock
-    /// serialises them across every gateway of the database anyway.
-    async fn transition_audited(&self, t: Transition, draft: &Draft) -> Result<Cas, store::Error> {
+    /// A transition that writes a row beside the fenced update, in one explicit transaction,
+    /// never batched: a webhook event's deduplication row first (so concurrent deliveries of
+    /// one event queue on it; a decided row writes nothing and the transition is `Lost`), or an
+    /// operator action's audit entry after the update applied (the chain's head locked, the
+    /// entry sealed after it and inserted, the head moved — the head's lock serialises
+    /// appenders across every gateway of the database). Either failing rolls both back.
+    async fn transition_beside(&self, t: Transition, beside: Beside) -> Result<Cas, store::Error> {
         let mut conn = self.conn().await?;
-        conn.control(Kind::Write, "BEGIN").await?;
-        let written = async {
-            // A statement of the explicit transaction: nothing commits before the COMMIT.
+        // Until COMMIT nothing is durable: every statement before it runs as a read.
+        conn.control(Kind::Read, "BEGIN").await?;
+        let applied = async {
+            if let Beside::Webhook(event) = &beside
+                && !webhooks::upsert(&mut conn, Kind::Read, event).await?
+            {
+                return Ok(None);
+            }
             let Some(record) = transition_with(&mut conn, Kind::Read, &t).await? else {
                 return Ok(None);
             };
-            audit::append(&mut conn, draft, &self.sealer).await?;
+            if let Beside::Audit(draft) = &beside {
+                audit::append(&mut conn, draft, &self.sealer).await?;
+            }
             Ok::<_, store::Error>(Some(record))
         }
         .await;
-        match written {
+        match applied {
             Ok(Some(record)) => {
                 conn.control(Kind::Write, "COMMIT").await?;
                 Ok(Cas::Done(record))
             }
+            // The expectation no longer held (or the event was decided): nothing was written.
             Ok(None) => {
                 conn.roll_back().await;
-                Ok(Cas::Lost(self.get_record(&t.key).await?))
+                Ok(Cas::Lost(get_with(&mut conn, &t.key).await?))
             }
             Err(e) => {
                 conn.roll_back().await;

@@ -4,12 +4,12 @@
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Millis, Record};
-use idemgate_core::store::{self, Cas, Transition};
+use idemgate_core::store;
 use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
 use tokio_postgres::types::Type;
 
 use crate::conn::{Conn, Kind};
-use crate::{PgStore, get_with, record_of, transition_with};
+use crate::{PgStore, record_of};
 
 /// The dedup rule of `WebhookEvent` as one statement: inserted, or written over an early
 /// arrival, else nothing (no row returned). On a conflict with an uncommitted insert of the
@@ -70,7 +70,11 @@ fn event_of(r: &tokio_postgres::Row) -> Result<WebhookEvent, store::Error> {
 }
 
 /// Writes `e` by the dedup rule on `conn`; whether it was written.
-async fn upsert(conn: &mut Conn, kind: Kind, e: &WebhookEvent) -> Result<bool, store::Error> {
+pub(crate) async fn upsert(
+    conn: &mut Conn,
+    kind: Kind,
+    e: &WebhookEvent,
+) -> Result<bool, store::Error> {
     let key = e.key.as_ref().map(|k| k.as_str().to_string());
     let finish = e.finish_json();
     let rows = conn
@@ -103,40 +107,6 @@ async fn get_on(
 }
 
 impl PgStore {
-    /// A transition caused by a webhook event: never batched. The event's row is written
-    /// first, so that concurrent deliveries of one event wait on it; a decided row, or a record
-    /// that no longer matches, rolls everything back and answers `Lost`.
-    pub(crate) async fn transition_with_webhook(
-        &self,
-        t: Transition,
-        event: WebhookEvent,
-    ) -> Result<Cas, store::Error> {
-        let mut conn = self.conn().await?;
-        // Until COMMIT nothing is durable: every statement before it runs as a read.
-        conn.control(Kind::Read, "BEGIN").await?;
-        let applied = async {
-            if !upsert(&mut conn, Kind::Read, &event).await? {
-                return Ok(None);
-            }
-            transition_with(&mut conn, Kind::Read, &t).await
-        }
-        .await;
-        match applied {
-            Ok(Some(record)) => {
-                conn.control(Kind::Write, "COMMIT").await?;
-                Ok(Cas::Done(record))
-            }
-            Ok(None) => {
-                conn.roll_back().await;
-                Ok(Cas::Lost(get_with(&mut conn, &t.key).await?))
-            }
-            Err(e) => {
-                conn.roll_back().await;
-                Err(e)
-            }
-        }
-    }
-
     pub(crate) async fn webhook_event(
         &self,
         source: &str,
