@@ -257,6 +257,18 @@ role = "operator"
         self.stop()
         raise RuntimeError(f"idemgate serve did not become healthy; its log:\n{self.log()}")
 
+    def audit_log(self) -> list[dict[str, Any]]:
+        """The store's audit log of operator actions, through `idemgate audit export`."""
+        import json
+
+        out = subprocess.run(
+            [str(gateway_binary()), "audit", "export", "--store", f"sqlite://{self.directory}/gate.sqlite"],
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout.decode()
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 

@@ -422,3 +422,53 @@ def test_async_operator_settles_an_unknown_and_approves(
     assert resolved.done and approved.done
     assert fake.effect_count(mail) == 1
     assert fake.effect_count(legal) == 1
+
+
+def test_operator_reasons_reach_the_audit_log(
+    client: idemgate.Client,
+    operator: idemgate.Client,
+    gateway: Gateway,
+    fake: FakeSystemOfRecord,
+    run_id: str,
+) -> None:
+    """Every operator method's `reason` is what the audit log records, and each action still
+    has its effect once at the system of record."""
+    _, approve_key = awaiting_approval(client, run_id + "-a")
+    approved = operator.approve(approve_key, reason="legal queue reviewed by Ana")
+    assert isinstance(approved, idemgate.Applied)
+    assert fake.effect_count(run_id + "-a") == 1
+
+    _, deny_key = awaiting_approval(client, run_id + "-d")
+    operator.deny(deny_key, reason="duplicate of the earlier request")
+    assert fake.effect_count(run_id + "-d") == 0
+
+    _, lookup_key = unknown_email(client, fake, run_id + "-l")
+    fake.set_lookup(run_id + "-l", True)
+    assert operator.reconcile(lookup_key, reason="receipt service back").done
+
+    _, applied_key = unknown_email(client, fake, run_id + "-r")
+    reference = fake.effects(run_id + "-r")[0].reference
+    operator.resolve_applied(applied_key, reference, {"sent": True}, reason="seen in the outbox")
+
+    _, not_applied_key = unknown_email(client, fake, run_id + "-n")
+    operator.resolve_not_applied(not_applied_key, reason="bounced, never delivered")
+
+    reasons = {(e["operation_key"], e["action"]): e["reason"] for e in gateway.audit_log()}
+    assert reasons[(approve_key, "approved")] == "legal queue reviewed by Ana"
+    assert reasons[(deny_key, "denied")] == "duplicate of the earlier request"
+    assert reasons[(lookup_key, "settled_by_lookup")] == "receipt service back"
+    assert reasons[(applied_key, "resolved_applied")] == "seen in the outbox"
+    assert reasons[(not_applied_key, "resolved_not_applied")] == "bounced, never delivered"
+    for suffix in ("-l", "-r", "-n"):
+        assert fake.effect_count(run_id + suffix) == 1, "no action sent the email again"
+
+
+def test_an_operator_action_without_a_reason_is_recorded_as_such(
+    client: idemgate.Client, operator: idemgate.Client, gateway: Gateway, run_id: str
+) -> None:
+    _, key = awaiting_approval(client, run_id)
+    with pytest.raises(ValueError, match="reason"):
+        operator.approve(key, reason="  ")
+    assert isinstance(operator.approve(key), idemgate.Applied)
+    entries = [e for e in gateway.audit_log() if e["operation_key"] == key]
+    assert [(e["action"], e["reason"]) for e in entries] == [("approved", "no reason given")]

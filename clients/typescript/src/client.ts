@@ -124,6 +124,8 @@ export interface OperationPage {
 export interface ActionOptions {
   throw?: boolean;
   signal?: AbortSignal;
+  /** Why, for the gateway's audit log (at most 500 characters); left out, "no reason given". */
+  reason?: string;
 }
 
 interface Answer {
@@ -362,8 +364,7 @@ export class Client {
 
   /** Operator: deny an operation awaiting approval; every later delivery replays the refusal. */
   async deny(operationKey: string, denial: { reason?: string } = {}, options: ActionOptions = {}): Promise<Outcome> {
-    const body = denial.reason !== undefined ? { reason: denial.reason } : undefined;
-    return this.#action(operationKey, 'deny', body, options);
+    return this.#action(operationKey, 'deny', undefined, { ...options, reason: denial.reason ?? options.reason });
   }
 
   async #action(
@@ -374,6 +375,13 @@ export class Client {
   ): Promise<Outcome> {
     if (typeof operationKey !== 'string' || operationKey === '') {
       throw new IdemgateError(`${action}: the operation key is required`);
+    }
+    if (options.reason !== undefined) {
+      if (typeof options.reason !== 'string' || options.reason.trim() === '') {
+        throw new IdemgateError(`${action} ${operationKey}: reason must be a non-empty text, or left out`);
+      }
+      // No body looks the receipt up; with a reason, that is the explicit `lookup` resolution.
+      body = { ...(body ?? (action === 'reconcile' ? { resolution: 'lookup' } : {})), reason: options.reason };
     }
     return this.#send(`${operationPath(operationKey)}/${action}`, { body, signal: options.signal }, options.throw);
   }

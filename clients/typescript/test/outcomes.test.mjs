@@ -141,8 +141,9 @@ describe('unknown: committed, then the answer was lost', () => {
     } finally {
       fake.lookups = true;
     }
-    const found = await operator.reconcile(key);
+    const found = await operator.reconcile(key, { reason: 'the notes service is back' });
     assert.ok(isDone(found), `reconcile answered ${found.outcome}`);
+    assert.ok(gate.auditLog().some((e) => e.operation_key === key && e.action === 'settled_by_lookup' && e.reason === 'the notes service is back'));
     const reference = fake.committed.find((c) => c.key === key)?.reference;
     assert.equal(found.effectReference, reference);
 
@@ -163,8 +164,13 @@ describe('unknown: committed, then the answer was lost', () => {
 
     const reference = fake.committed.find((c) => c.key === key)?.reference;
     assert.ok(reference);
-    const resolved = await operator.resolveApplied(key, { effectReference: reference, result: { letter_id: reference } });
+    const resolved = await operator.resolveApplied(
+      key,
+      { effectReference: reference, result: { letter_id: reference } },
+      { reason: 'seen in the letters outbox' },
+    );
     assert.ok(isDone(resolved), `resolveApplied answered ${resolved.outcome}`);
+    assert.ok(gate.auditLog().some((e) => e.operation_key === key && e.action === 'resolved_applied' && e.reason === 'seen in the letters outbox'));
     assert.equal(resolved.effectReference, reference);
 
     const replay = await step.invoke('letters.send', { to: 'A. Customer', text: 'Your refund is on its way.' });
@@ -184,7 +190,8 @@ describe('unknown: committed, then the answer was lost', () => {
     assert.equal(timedOut.outcome, 'unknown');
     assert.equal(fake.effectsFor(key), 0, 'the stalled request committed nothing');
 
-    const resolution = await operator.resolveNotApplied(key);
+    const resolution = await operator.resolveNotApplied(key, { reason: 'never left the stalled queue' });
+    assert.ok(gate.auditLog().some((e) => e.operation_key === key && e.action === 'resolved_not_applied' && e.reason === 'never left the stalled queue'));
     assert.notEqual(resolution.outcome, 'applied');
     assert.notEqual(resolution.outcome, 'replayed');
 
@@ -238,6 +245,28 @@ describe('approval through the operator methods', () => {
     assert.equal(later.outcome, 'rejected');
     assert.equal(later.outcome === 'rejected' && later.code, 'approval_denied');
     assert.equal(fake.requestsFor(key), 0);
+  });
+});
+
+describe('operator reasons', () => {
+  test('the reason of approve and deny is what the audit log records; a blank one is refused before sending', T, async () => {
+    const args = { ...TICKET, queue_id: 'legal' };
+    const a = agentStep('run-reason-approve', 'legal_ticket');
+    assert.equal((await a.step.invoke('tickets.create', args)).outcome, 'in_flight');
+    await assert.rejects(operator.approve(a.key, {}, { reason: ' ' }), (e) => e instanceof IdemgateError && /reason/.test(e.message));
+    assert.equal(fake.effectsFor(a.key), 0);
+    const approved = await operator.approve(a.key, {}, { reason: 'legal queue reviewed' });
+    assert.equal(approved.outcome, 'applied');
+    assert.equal(fake.effectsFor(a.key), 1);
+
+    const d = agentStep('run-reason-deny', 'legal_ticket');
+    assert.equal((await d.step.invoke('tickets.create', args)).outcome, 'in_flight');
+    assert.equal((await operator.deny(d.key, { reason: 'duplicate request' })).outcome, 'rejected');
+    assert.equal(fake.requestsFor(d.key), 0);
+
+    const reasons = new Map(gate.auditLog().map((e) => [`${e.operation_key} ${e.action}`, e.reason]));
+    assert.equal(reasons.get(`${a.key} approved`), 'legal queue reviewed');
+    assert.equal(reasons.get(`${d.key} denied`), 'duplicate request');
   });
 });
 

@@ -811,7 +811,7 @@ pub async fn list_operations(
     path = "/v1/operations/{operation_key}/reconcile",
     tag = TAG,
     params(("operation_key" = String, Path, description = "`tenant:environment:workflow_id:step_id`")),
-    request_body(content = ReconcileBody, content_type = "application/json", description = "Optional: without a body, the receipt is looked up now."),
+    request_body(content = ReconcileBody, content_type = "application/json", description = "Optional: without a body, the receipt is looked up now; `resolution: lookup` does the same and records a `reason`. `applied` and `not_applied` settle the record as the operator found it."),
     responses(
         (status = 200, description = "settled as applied (replayed from now on)", body = OutcomeView),
         (status = 202, description = "still unknown (no receipt yet)", body = OutcomeView),

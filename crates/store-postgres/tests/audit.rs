@@ -2,7 +2,10 @@
 //! database appending at once; an append that fails inside the transaction rolling the
 //! transition back with it.
 
+use std::time::Duration;
+
 use idemgate_conformance::audit_suite::{self, sealer};
+use idemgate_store_postgres::Options;
 use idemgate_store_postgres::testing::{self, TestDatabase};
 
 async fn database() -> Option<TestDatabase> {
@@ -21,8 +24,15 @@ async fn entry_only_with_its_transition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_gateways_appending_at_once_keep_one_chain() {
     let Some(db) = database().await else { return };
-    let a = db.store().await.with_sealer(sealer());
-    let b = db.store().await.with_sealer(sealer());
+    // 80 transactions queue on the head row's lock, each holding a pooled connection while it
+    // waits: on a loaded machine that takes longer than the default 5 s wait for a connection,
+    // which would be an honest `Unavailable`, not a broken chain. Give the pools room.
+    let options = || Options {
+        connect_timeout: Duration::from_secs(60),
+        ..Options::default()
+    };
+    let a = db.store_with(options()).await.with_sealer(sealer());
+    let b = db.store_with(options()).await.with_sealer(sealer());
     audit_suite::concurrent_appenders_keep_one_chain(a, b, 40).await;
     db.drop_now().await;
 }

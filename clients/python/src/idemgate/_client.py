@@ -109,6 +109,16 @@ _Flow = Generator[Union[_Request, _Pause], Optional[httpx.Response], T]
 None), and returns its result."""
 
 
+def _with_reason(body: dict[str, Any], reason: Optional[str]) -> dict[str, Any]:
+    """An operator action's body with its reason for the audit log; a reason must say
+    something (the gateway records "no reason given" when it is left out)."""
+    if reason is None:
+        return body
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason: give a non-empty text, or leave it out")
+    return {**body, "reason": reason}
+
+
 def _key_path(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise ValueError("an operation key is a non-empty string tenant:environment:workflow:step")
@@ -469,17 +479,30 @@ class _Core:
     ) -> _Flow[Outcome]:
         return self._call(self._reconcile_request(operation_key, body), self._outcome)
 
-    def _resolve_applied_flow(
-        self, operation_key: str, effect_reference: str, result: Any
-    ) -> _Flow[Outcome]:
-        body = {"resolution": "applied", "effect_reference": effect_reference, "result": result}
+    def _lookup_flow(self, operation_key: str, reason: Optional[str]) -> _Flow[Outcome]:
+        """No body looks the receipt up; a reason needs the explicit `lookup` resolution."""
+        body = None if reason is None else {"resolution": "lookup", "reason": reason}
         return self._reconcile_flow(operation_key, body)
 
-    def _decide_flow(
-        self, operation_key: str, decision: str, name: str, value: Optional[str]
+    def _not_applied_flow(self, operation_key: str, reason: Optional[str]) -> _Flow[Outcome]:
+        return self._reconcile_flow(operation_key, _with_reason({"resolution": "not_applied"}, reason))
+
+    def _resolve_applied_flow(
+        self, operation_key: str, effect_reference: str, result: Any, reason: Optional[str]
     ) -> _Flow[Outcome]:
-        """`approve` (bound to a fingerprint) or `deny` (with a reason), when given."""
-        body = {} if value is None else {name: value}
+        body = {"resolution": "applied", "effect_reference": effect_reference, "result": result}
+        return self._reconcile_flow(operation_key, _with_reason(body, reason))
+
+    def _decide_flow(
+        self,
+        operation_key: str,
+        decision: str,
+        fingerprint: Optional[str],
+        reason: Optional[str],
+    ) -> _Flow[Outcome]:
+        """`approve` (bound to a fingerprint when given) or `deny`, each with a reason."""
+        body: dict[str, Any] = {} if fingerprint is None else {"fingerprint": fingerprint}
+        body = _with_reason(body, reason)
         req = _Request(
             "POST",
             f"/v1/operations/{_key_path(operation_key)}/{decision}",
@@ -652,27 +675,40 @@ class Client(_Core):
         """`GET /v1/operations` (operator): `status="unknown"` is the reconciliation queue."""
         return self._run(self._operations_flow(status, tool, after, limit))
 
-    def reconcile(self, operation_key: str) -> Outcome:
-        """Asks the gateway to look the receipt up now (operator)."""
-        return self._run(self._reconcile_flow(operation_key))
+    def reconcile(self, operation_key: str, *, reason: Optional[str] = None) -> Outcome:
+        """Asks the gateway to look the receipt up now (operator). Every operator method takes
+        `reason`, recorded in the audit log ("no reason given" when left out)."""
+        return self._run(self._lookup_flow(operation_key, reason))
 
     def resolve_applied(
-        self, operation_key: str, effect_reference: str, result: Any = None
+        self,
+        operation_key: str,
+        effect_reference: str,
+        result: Any = None,
+        *,
+        reason: Optional[str] = None,
     ) -> Outcome:
         """Records that the effect happened, with its reference and result (operator)."""
-        return self._run(self._resolve_applied_flow(operation_key, effect_reference, result))
+        flow = self._resolve_applied_flow(operation_key, effect_reference, result, reason)
+        return self._run(flow)
 
-    def resolve_not_applied(self, operation_key: str) -> Outcome:
+    def resolve_not_applied(self, operation_key: str, *, reason: Optional[str] = None) -> Outcome:
         """Records that the effect did not happen: the key may run again (operator)."""
-        return self._run(self._reconcile_flow(operation_key, {"resolution": "not_applied"}))
+        return self._run(self._not_applied_flow(operation_key, reason))
 
-    def approve(self, operation_key: str, fingerprint: Optional[str] = None) -> Outcome:
+    def approve(
+        self,
+        operation_key: str,
+        fingerprint: Optional[str] = None,
+        *,
+        reason: Optional[str] = None,
+    ) -> Outcome:
         """Approves an operation awaiting approval, bound to `fingerprint` when given."""
-        return self._run(self._decide_flow(operation_key, "approve", "fingerprint", fingerprint))
+        return self._run(self._decide_flow(operation_key, "approve", fingerprint, reason))
 
     def deny(self, operation_key: str, reason: Optional[str] = None) -> Outcome:
         """Denies an operation awaiting approval; its answer is the `approval_denied` refusal."""
-        return self._run(self._decide_flow(operation_key, "deny", "reason", reason))
+        return self._run(self._decide_flow(operation_key, "deny", None, reason))
 
 
 class AsyncClient(_Core):
@@ -767,23 +803,36 @@ class AsyncClient(_Core):
     ) -> OperationPage:
         return await self._run(self._operations_flow(status, tool, after, limit))
 
-    async def reconcile(self, operation_key: str) -> Outcome:
-        return await self._run(self._reconcile_flow(operation_key))
+    async def reconcile(self, operation_key: str, *, reason: Optional[str] = None) -> Outcome:
+        return await self._run(self._lookup_flow(operation_key, reason))
 
     async def resolve_applied(
-        self, operation_key: str, effect_reference: str, result: Any = None
+        self,
+        operation_key: str,
+        effect_reference: str,
+        result: Any = None,
+        *,
+        reason: Optional[str] = None,
     ) -> Outcome:
-        return await self._run(self._resolve_applied_flow(operation_key, effect_reference, result))
-
-    async def resolve_not_applied(self, operation_key: str) -> Outcome:
-        return await self._run(self._reconcile_flow(operation_key, {"resolution": "not_applied"}))
-
-    async def approve(self, operation_key: str, fingerprint: Optional[str] = None) -> Outcome:
-        flow = self._decide_flow(operation_key, "approve", "fingerprint", fingerprint)
+        flow = self._resolve_applied_flow(operation_key, effect_reference, result, reason)
         return await self._run(flow)
 
+    async def resolve_not_applied(
+        self, operation_key: str, *, reason: Optional[str] = None
+    ) -> Outcome:
+        return await self._run(self._not_applied_flow(operation_key, reason))
+
+    async def approve(
+        self,
+        operation_key: str,
+        fingerprint: Optional[str] = None,
+        *,
+        reason: Optional[str] = None,
+    ) -> Outcome:
+        return await self._run(self._decide_flow(operation_key, "approve", fingerprint, reason))
+
     async def deny(self, operation_key: str, reason: Optional[str] = None) -> Outcome:
-        return await self._run(self._decide_flow(operation_key, "deny", "reason", reason))
+        return await self._run(self._decide_flow(operation_key, "deny", None, reason))
 
 
 class Step(StepScope):

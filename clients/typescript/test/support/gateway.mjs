@@ -1,7 +1,7 @@
 // Starts a real `idemgate serve` for a test: its own temp dir, SQLite store, contracts that
 // point at the test's fake system of record, and two tokens (an agent's and an operator's).
 
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir, tmpdir } from 'node:os';
@@ -223,6 +223,17 @@ ${tokenTables.join('')}`,
     /** The operation key the gateway gives `workflowId`/`stepId` for this tenant. */
     key: (workflowId, stepId) => `ci:ci:${workflowId}:${stepId}`,
     output: () => output,
+    /** The store's audit log of operator actions, through `idemgate audit export`. */
+    auditLog() {
+      const out = execFileSync(bin, ['audit', 'export', '--store', `sqlite://${join(dir, 'gate.sqlite')}`], {
+        timeout: 30_000,
+        stdio: ['ignore', 'pipe', 'ignore'],
+      }).toString();
+      return out
+        .split('\n')
+        .filter((line) => line.trim() !== '')
+        .map((line) => JSON.parse(line));
+    },
     async stop() {
       if (child.exitCode === null) {
         child.kill('SIGTERM');
