@@ -76,16 +76,18 @@ class World:
             rows = db.execute("SELECT tool, status FROM operations").fetchall()
         return [r for r in rows if tool is None or r[0] == tool]
 
-    def args(self, *extra: str) -> list[str]:
+    def args(self, *extra: str, child: tuple[str, ...] = ()) -> list[str]:
         return ["wrap", "--store", f"sqlite://{self.store}", *extra, "--",
-                PYTHON, str(CHILD), "--effects", str(self.effects_file)]
+                PYTHON, str(CHILD), "--effects", str(self.effects_file), *child]
 
     @contextlib.asynccontextmanager
-    async def connect(self, *extra: str) -> AsyncIterator[Client]:
-        params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra),
+    async def connect(self, *extra: str, child: tuple[str, ...] = (), **client: Any) -> AsyncIterator[Client]:
+        """`client` goes to the SDK's Client: callbacks, and `mode` ("legacy" for the
+        initialize handshake that the hosts people use today speak)."""
+        params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra, child=child),
                                        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
-        async with Client(params) as client:
-            yield client
+        async with Client(params, **client) as client_:
+            yield client_
 
 
 @pytest.fixture
@@ -461,3 +463,157 @@ async def test_the_documented_snippets_launch_as_written(world: World, tmp_path:
     # Without --store or --config the store is one file per command line in the data dir.
     stores = list((home / ".local/share/idemgate/wrap").glob("python-*.sqlite"))
     assert len(stores) == 1, stores
+
+
+# ---------------------------------------------------------------------------------------------
+# What passes between the child and the host besides tool calls (the child with `--events`).
+
+EVENTS = ("--events",)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_childs_log_and_progress_during_a_call_reach_the_host(world: World, mode: str):
+    logs: list[Any] = []
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params)
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    step = meta("slow")
+    async with world.connect(child=EVENTS, mode=mode, logging_callback=on_log) as client:
+        result = await client.call_tool("slow_ticket", {"subject": "printer"}, meta=step,
+                                        progress_callback=on_progress)
+        assert result.structured_content["status"] == "applied", result.structured_content
+        await wait_for(lambda: len(progress) == 3 and len(logs) == 1, seconds=5)
+        # A replay performs nothing, so nothing reports progress.
+        again = await client.call_tool("slow_ticket", {"subject": "printer"}, meta=step,
+                                       progress_callback=on_progress)
+        assert again.structured_content["status"] == "replayed"
+    assert progress == [(1, 3, "step 1 of 3"), (2, 3, "step 2 of 3"), (3, 3, "step 3 of 3")]
+    assert "opening a ticket about printer" in str(logs[0].data)
+    assert world.effects("slow") == ["slow\tprinter"]
+
+
+def sampled(answer: str, asked: list[str]):
+    async def sampling(_ctx: Any, params: Any) -> Any:
+        from mcp_types import CreateMessageResult, TextContent
+        asked.append(params.messages[0].content.text)
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text=answer),
+                                   model="host-model")
+    return sampling
+
+
+async def test_a_childs_sampling_request_is_answered_by_the_hosts_model_and_acts_once(world: World):
+    asked: list[str] = []
+    step = meta("summary")
+    async with world.connect(child=EVENTS, mode="legacy", sampling_callback=sampled("paper jam", asked)) as client:
+        statuses = []
+        for _ in range(2):
+            result = await client.call_tool("summarize_ticket", {"subject": "the printer"}, meta=step)
+            statuses.append(result.structured_content["status"])
+            assert "opened: paper jam" in result.content[0].text, result.content
+        assert statuses == ["applied", "replayed"]
+    # The host's model was asked once, for the one effect; the replay asked nobody.
+    assert asked == ["Summarize: the printer"]
+    assert world.effects("summary") == ["summary\tpaper jam"]
+
+
+async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_child(world: World):
+    # No sampling callback: the host declares no `sampling`, so the child's request gets a
+    # JSON-RPC error naming the capability, and the child's tool fails before its effect.
+    async with world.connect(child=EVENTS, mode="legacy") as client:
+        result = await client.call_tool("summarize_ticket", {"subject": "x"}, meta=meta("nosampling"))
+    assert result.is_error
+    assert "sampling" in result.content[0].text, result.content
+    assert world.effects("summary") == []
+
+
+async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
+    from mcp_types import ListRootsResult, Root
+
+    async def roots(_ctx: Any) -> Any:
+        return ListRootsResult(roots=[Root(uri="file:///work/tickets", name="tickets")])
+
+    async with world.connect(child=EVENTS, mode="legacy", list_roots_callback=roots) as client:
+        result = await client.call_tool("ticket_roots", {})
+    assert not result.is_error, result.content
+    assert result.content[0].text == "file:///work/tickets"
+
+
+async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(
+        world: World, capfd: pytest.CaptureFixture[str]):
+    from mcp_types import ToolListChangedNotification
+    changes: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            changes.append(message)
+
+    async with world.connect(child=EVENTS, mode="legacy", message_handler=on_message) as client:
+        assert "late_ticket" not in [t.name for t in (await client.list_tools()).tools]
+        await client.call_tool("add_tool", {}, meta=meta("add"))
+        await wait_for(lambda: len(changes) == 1, seconds=10)
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "late_ticket" in tools
+        assert tools["late_ticket"].meta["io.idemgate/contract"]["effect_class"] == "key_based"
+        assert "repeat_of" in tools["late_ticket"].input_schema["properties"]
+        step = meta("late")
+        statuses = []
+        for _ in range(2):
+            result = await client.call_tool("late_ticket", {"subject": "late"}, meta=step)
+            statuses.append(result.structured_content["status"])
+        assert statuses == ["applied", "replayed"]
+        # The same tool added again: listed once, warned about once.
+        await client.call_tool("add_tool", {}, meta=meta("add-again"))
+        await wait_for(lambda: len(changes) == 2, seconds=10)
+        assert [t.name for t in (await client.list_tools()).tools].count("late_ticket") == 1
+        # A tool the child drops is refused by name, and nothing reaches the child.
+        await client.call_tool("drop_tool", {"name": "create_ticket"}, meta=meta("drop"))
+        await wait_for(lambda: len(changes) == 3, seconds=10)
+        assert "create_ticket" not in [t.name for t in (await client.list_tools()).tools]
+        gone = await client.call_tool("create_ticket", {"subject": "gone"}, meta=meta("gone"))
+        assert gone.is_error
+        error = gone.structured_content["error"]
+        assert error["code"] == "unknown_tool", error
+        assert "create_ticket" in error["message"] and "no longer offered" in error["message"], error
+        # A name that now collides with idemgate's own tool is left out; the rest stays served.
+        await client.call_tool("add_tool", {"collide": True}, meta=meta("collide"))
+        await wait_for(lambda: len(changes) == 4, seconds=10)
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert names.count(STATUS) == 1 and "late_ticket" in names
+        status = await client.call_tool(STATUS, {"operation_key": result.structured_content["operation_key"]})
+        assert status.structured_content["status"] == "applied", status.structured_content
+    assert world.effects("late") == ["late\tlate"]
+    assert world.effects("create") == []
+    assert world.records("late_ticket") == [("late_ticket", "applied")]
+    err = capfd.readouterr().err
+    assert err.count("tool `late_ticket` of") == 1, err
+    assert re.search(r"tool `idemgate_operation_status` of the child .*idemgate's own tool", err), err
+
+
+async def test_a_cancelled_call_stops_the_wait_and_its_record_still_settles(world: World):
+    step = meta("later")
+    arguments = {"subject": "cancelled", "seconds": 1.5}
+    async with world.connect(child=EVENTS) as client:
+        with anyio.move_on_after(0.5) as scope:
+            await client.call_tool("later_ticket", arguments, meta=step)
+        assert scope.cancelled_caught
+        # The host stopped waiting; the child's call was not cancelled: one effect, and the
+        # record settles to the child's answer, which a repeat replays.
+        await wait_for(lambda: world.records("later_ticket") == [("later_ticket", "applied")])
+        again = await client.call_tool("later_ticket", arguments, meta=step)
+        assert again.structured_content["status"] == "replayed", again.structured_content
+        assert "opened later: cancelled" in again.content[0].text
+    assert world.effects("later") == ["later\tcancelled"]
+
+
+async def test_ping_completion_and_resources_pass_through_with_events(world: World):
+    async with world.connect(child=EVENTS) as client:
+        await client.send_ping()
+        read = await client.read_resource("tickets://count")
+        assert read.contents[0].text == "0"
+        prompt = await client.get_prompt("triage", {"subject": "scanner"})
+        assert "scanner" in prompt.messages[0].content.text
