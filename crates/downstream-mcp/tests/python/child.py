@@ -21,6 +21,8 @@ Tools:
   - `add_tool()` / `drop_tool(name)` — change the tool list and say so (tools/list_changed);
     `add_tool` adds `late_ticket(subject)` (one effect) and, with `collide`, a tool with the
     name of idemgate's own.
+  - a resource `tickets://slow` that answers after 30 s, and writes `<effects>.cancelled` when
+    its request is cancelled; completion of the prompt `triage`'s `subject`.
 A resource `tickets://count` and a prompt `triage` test the pass-through.
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import SamplingMessage, TextContent, ToolAnnotations
+from mcp_types import Completion, PromptReference, SamplingMessage, TextContent, ToolAnnotations
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--effects", required=True)
@@ -147,6 +149,21 @@ if args.events:
             server.add_tool(late_collision, name="idemgate_operation_status", description="Collides.")
         await ctx.session.send_tool_list_changed()
         return "added"
+
+    @server.resource("tickets://slow")
+    async def slow_resource() -> str:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            Path(f"{EFFECTS}.cancelled").write_text("slow")
+            raise
+        return "slow"
+
+    @server.completion()
+    async def complete(ref, argument, _context):
+        if isinstance(ref, PromptReference) and argument.name == "subject":
+            return Completion(values=[s for s in ("printer", "projector") if s.startswith(argument.value)])
+        return None
 
     @server.tool(description="Removes a tool.")
     async def drop_tool(name: str, ctx: Context) -> str:

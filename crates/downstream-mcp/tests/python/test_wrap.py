@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
@@ -81,13 +81,19 @@ class World:
                 PYTHON, str(CHILD), "--effects", str(self.effects_file), *child]
 
     @contextlib.asynccontextmanager
-    async def connect(self, *extra: str, child: tuple[str, ...] = (), **client: Any) -> AsyncIterator[Client]:
+    async def connect(self, *extra: str, child: tuple[str, ...] = (), stderr: Path | None = None,
+                      **client: Any) -> AsyncIterator[Client]:
         """`client` goes to the SDK's Client: callbacks, and `mode` ("legacy" for the
-        initialize handshake that the hosts people use today speak)."""
+        initialize handshake that the hosts people use today speak). `stderr`: a file that
+        receives wrap's stderr."""
         params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra, child=child),
                                        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
-        async with Client(params, **client) as client_:
-            yield client_
+        with contextlib.ExitStack() as files:
+            server: Any = params
+            if stderr is not None:
+                server = stdio_client(params, errlog=files.enter_context(stderr.open("w")))
+            async with Client(server, **client) as client_:
+                yield client_
 
 
 @pytest.fixture
@@ -543,8 +549,7 @@ async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
     assert result.content[0].text == "file:///work/tickets"
 
 
-async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(
-        world: World, capfd: pytest.CaptureFixture[str]):
+async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(world: World):
     from mcp_types import ToolListChangedNotification
     changes: list[Any] = []
 
@@ -552,7 +557,8 @@ async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_remove
         if isinstance(message, ToolListChangedNotification):
             changes.append(message)
 
-    async with world.connect(child=EVENTS, mode="legacy", message_handler=on_message) as client:
+    stderr = world.tmp / "wrap.stderr"
+    async with world.connect(child=EVENTS, mode="legacy", message_handler=on_message, stderr=stderr) as client:
         assert "late_ticket" not in [t.name for t in (await client.list_tools()).tools]
         await client.call_tool("add_tool", {}, meta=meta("add"))
         await wait_for(lambda: len(changes) == 1, seconds=10)
@@ -584,12 +590,14 @@ async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_remove
         await wait_for(lambda: len(changes) == 4, seconds=10)
         names = [t.name for t in (await client.list_tools()).tools]
         assert names.count(STATUS) == 1 and "late_ticket" in names
+        # idemgate's own status tool still answers, reading the late tool's record.
         status = await client.call_tool(STATUS, {"operation_key": result.structured_content["operation_key"]})
-        assert status.structured_content["status"] == "applied", status.structured_content
+        assert status.structured_content["status"] == "replayed", status.structured_content
+        assert status.structured_content["effect_reference"] == "late_ticket#1"
     assert world.effects("late") == ["late\tlate"]
     assert world.effects("create") == []
     assert world.records("late_ticket") == [("late_ticket", "applied")]
-    err = capfd.readouterr().err
+    err = stderr.read_text()
     assert err.count("tool `late_ticket` of") == 1, err
     assert re.search(r"tool `idemgate_operation_status` of the child .*idemgate's own tool", err), err
 
@@ -610,10 +618,40 @@ async def test_a_cancelled_call_stops_the_wait_and_its_record_still_settles(worl
     assert world.effects("later") == ["later\tcancelled"]
 
 
-async def test_ping_completion_and_resources_pass_through_with_events(world: World):
-    async with world.connect(child=EVENTS) as client:
-        await client.send_ping()
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_ping_completion_resources_prompts_and_cancellation_pass_through(world: World, mode: str):
+    from mcp_types import PromptReference
+    async with world.connect(child=EVENTS, mode=mode) as client:
+        if mode == "legacy":
+            # `ping` exists on the handshake revision only; each hop answers its own.
+            await client.send_ping()
         read = await client.read_resource("tickets://count")
         assert read.contents[0].text == "0"
         prompt = await client.get_prompt("triage", {"subject": "scanner"})
         assert "scanner" in prompt.messages[0].content.text
+        completed = await client.complete(PromptReference(type="ref/prompt", name="triage"),
+                                          {"name": "subject", "value": "pr"})
+        assert completed.completion.values == ["printer", "projector"]
+        # A cancelled read is cancelled at the child too.
+        with anyio.move_on_after(1):
+            await client.read_resource("tickets://slow")
+        await wait_for(lambda: Path(f"{world.effects_file}.cancelled").exists(), seconds=10)
+        # The connection serves on.
+        assert (await client.read_resource("tickets://count")).contents[0].text == "0"
+
+
+async def test_a_host_on_the_stateless_revision_cannot_be_asked_and_the_child_gets_an_error(world: World):
+    # A host speaking 2026-07-28 (the SDK's default, `mode="auto"`) takes no server-to-client
+    # request; wrap does not turn one into an `input_required` result (docs/mcp.md), so the
+    # child's sampling request fails, its tool answers an error, and nothing happened.
+    asked: list[str] = []
+    async with world.connect(child=EVENTS, sampling_callback=sampled("unused", asked)) as client:
+        assert client.protocol_version == "2026-07-28"
+        result = await client.call_tool("summarize_ticket", {"subject": "x"}, meta=meta("modern"))
+    # The child answered with a JSON-RPC error rather than a tool result: for a black box
+    # that proves nothing, so the operation is `unknown`, and the reason names the capability.
+    assert result.is_error
+    assert result.structured_content["status"] == "unknown", result.structured_content
+    assert "did not declare the `sampling` capability" in json.dumps(result.structured_content)
+    assert asked == []
+    assert world.effects("summary") == []
