@@ -257,6 +257,34 @@ struct ChildPassthrough {
     host: OnceLock<Arc<dyn Host>>,
 }
 
+/// A JSON-RPC error of the child, for the host.
+fn to_host(e: ForwardError) -> Forwarded {
+    let ForwardError {
+        code,
+        message,
+        data,
+    } = e;
+    Forwarded {
+        code,
+        message,
+        data,
+    }
+}
+
+/// A JSON-RPC error of the host, for the child.
+fn to_child(e: Forwarded) -> ForwardError {
+    let Forwarded {
+        code,
+        message,
+        data,
+    } = e;
+    ForwardError {
+        code,
+        message,
+        data,
+    }
+}
+
 /// The MCP face's host as the child's relay sees it.
 struct ToHost(Arc<dyn Host>);
 
@@ -270,16 +298,7 @@ impl Upstream for ToHost {
         method: &'a str,
         params: Value,
     ) -> BoxFuture<'a, Result<Value, ForwardError>> {
-        Box::pin(async move {
-            self.0
-                .request(method, params)
-                .await
-                .map_err(|e| ForwardError {
-                    code: e.code,
-                    message: e.message,
-                    data: e.data,
-                })
-        })
+        Box::pin(async move { self.0.request(method, params).await.map_err(to_child) })
     }
 }
 
@@ -311,16 +330,7 @@ impl Passthrough for ChildPassthrough {
         method: &'a str,
         params: Value,
     ) -> BoxFuture<'a, Result<Value, Forwarded>> {
-        Box::pin(async move {
-            self.child
-                .forward(method, params)
-                .await
-                .map_err(|e| Forwarded {
-                    code: e.code,
-                    message: e.message,
-                    data: e.data,
-                })
-        })
+        Box::pin(async move { self.child.forward(method, params).await.map_err(to_host) })
     }
 }
 
@@ -380,7 +390,11 @@ impl Contracts {
         if first {
             eprintln!(
                 "{}",
-                idemgate_downstream_mcp::defaults::warning(&self.child, name, contract.effect_class)
+                idemgate_downstream_mcp::defaults::warning(
+                    &self.child,
+                    name,
+                    contract.effect_class
+                )
             );
         }
         Ok(contract)

@@ -383,8 +383,7 @@ impl Child {
                 let token = serde_json::to_value(&handle.progress_token).unwrap_or(Value::Null);
                 self.relay.claim(name, &arguments_value, token);
                 let id = handle.id.clone();
-                match tokio::time::timeout(self.spec.call_timeout, handle.await_response()).await
-                {
+                match tokio::time::timeout(self.spec.call_timeout, handle.await_response()).await {
                     Ok(answer) => Ok(answer),
                     Err(elapsed) => {
                         // Past the timeout the child is told to stop; whether it did, or acted

@@ -114,7 +114,9 @@ impl Relay {
     pub fn notify(&self, method: &str, params: Value) {
         match self.host() {
             Some(host) => host.notify(method, params),
-            None => tracing::debug!(child = %self.child, method, "no host yet; notification dropped"),
+            None => {
+                tracing::debug!(child = %self.child, method, "no host yet; notification dropped")
+            }
         }
     }
 
@@ -134,7 +136,12 @@ impl Relay {
     }
 
     /// The host's call of `tool` with `arguments` waits, with progress under `host_token`.
-    pub fn expect(self: &Arc<Self>, tool: &str, arguments: &Value, host_token: Value) -> RouteGuard {
+    pub fn expect(
+        self: &Arc<Self>,
+        tool: &str,
+        arguments: &Value,
+        host_token: Value,
+    ) -> RouteGuard {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         routes.next += 1;
         let id = routes.next;
@@ -157,9 +164,11 @@ impl Relay {
     /// oldest announcement of that call not yet taken, if any.
     pub fn claim(&self, tool: &str, arguments: &Value, child_token: Value) {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(route) = routes.routes.values_mut().find(|r| {
-            r.child_token.is_none() && r.tool == tool && r.arguments == *arguments
-        }) {
+        if let Some(route) = routes
+            .routes
+            .values_mut()
+            .find(|r| r.child_token.is_none() && r.tool == tool && r.arguments == *arguments)
+        {
             route.child_token = Some(child_token);
         }
     }
@@ -180,7 +189,9 @@ impl Relay {
                 params["progressToken"] = token;
                 self.notify("notifications/progress", params);
             }
-            None => tracing::debug!(child = %self.child, "progress for no waiting request; dropped"),
+            None => {
+                tracing::debug!(child = %self.child, "progress for no waiting request; dropped")
+            }
         }
     }
 
@@ -252,9 +263,15 @@ mod tests {
     #[tokio::test]
     async fn a_request_before_any_host_is_an_error_naming_the_child() {
         let relay = Relay::new("python srv.py");
-        let err = relay.ask("sampling/createMessage", json!({})).await.unwrap_err();
+        let err = relay
+            .ask("sampling/createMessage", json!({}))
+            .await
+            .unwrap_err();
         assert!(err.message.contains("python srv.py"), "{}", err.message);
         relay.attach(Arc::new(Seen::default()));
-        assert_eq!(relay.ask("roots/list", json!({"a": 1})).await.unwrap(), json!({"a": 1}));
+        assert_eq!(
+            relay.ask("roots/list", json!({"a": 1})).await.unwrap(),
+            json!({"a": 1})
+        );
     }
 }

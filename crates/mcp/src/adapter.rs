@@ -339,13 +339,17 @@ impl HostPeer {
         }
     }
 
-    /// Whether the host declared `capability` (`sampling`, `elicitation`, `roots`).
-    fn declared(&self, capability: &str) -> bool {
-        self.peer
-            .peer_info()
-            .and_then(|info| serde_json::to_value(&info.capabilities).ok())
-            .and_then(|caps| caps.get(capability).cloned())
-            .is_some_and(|c| !c.is_null())
+    /// Whether the host declared `capability` (`sampling`, `elicitation`, `roots`) at
+    /// `initialize`; `None` when it did not initialise (the 2026-07-28 revision has no
+    /// `initialize`, and takes no server-to-client request).
+    fn declared(&self, capability: &str) -> Option<bool> {
+        let info = self.peer.peer_info()?;
+        Some(
+            serde_json::to_value(&info.capabilities)
+                .ok()
+                .and_then(|caps| caps.get(capability).cloned())
+                .is_some_and(|c| !c.is_null()),
+        )
     }
 }
 
@@ -398,13 +402,24 @@ impl wrapped::Host for HostPeer {
                     ));
                 }
             };
-            if !self.declared(needs) {
-                return Err(refuse(
-                    -32601,
-                    format!(
-                        "the host of idemgate wrap did not declare the `{needs}` capability, so `{method}` cannot be passed to it"
-                    ),
-                ));
+            match self.declared(needs) {
+                Some(true) => {}
+                Some(false) => {
+                    return Err(refuse(
+                        -32601,
+                        format!(
+                            "the host of idemgate wrap did not declare the `{needs}` capability, so `{method}` cannot be passed to it"
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(refuse(
+                        -32601,
+                        format!(
+                            "the host of idemgate wrap did not initialise (protocol 2026-07-28 takes no request from a server), so `{method}` cannot be passed to it"
+                        ),
+                    ));
+                }
             }
             let bad = |e: serde_json::Error| refuse(-32602, format!("invalid `{method}`: {e}"));
             let request = match needs {
@@ -781,10 +796,7 @@ impl ServerHandler for Handler {
         self.attach_peer(&context.peer);
     }
 
-    async fn on_roots_list_changed(
-        &self,
-        context: rmcp::service::NotificationContext<RoleServer>,
-    ) {
+    async fn on_roots_list_changed(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.attach_peer(&context.peer);
         if let Some(wrap) = &self.shared.wrap {
             wrap.child.notify("notifications/roots/list_changed").await;
@@ -836,7 +848,8 @@ impl ServerHandler for Handler {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
-        self.forward("resources/templates/list", request, &context).await
+        self.forward("resources/templates/list", request, &context)
+            .await
     }
 
     async fn read_resource(
@@ -862,7 +875,8 @@ impl ServerHandler for Handler {
         request: rmcp::model::GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
-        let result: rmcp::model::GetPromptResult = self.forward("prompts/get", request, &context).await?;
+        let result: rmcp::model::GetPromptResult =
+            self.forward("prompts/get", request, &context).await?;
         Ok(result.into())
     }
 

@@ -549,7 +549,9 @@ async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
     assert result.content[0].text == "file:///work/tickets"
 
 
-async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(world: World):
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(
+        world: World, mode: str):
     from mcp_types import ToolListChangedNotification
     changes: list[Any] = []
 
@@ -558,7 +560,7 @@ async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_remove
             changes.append(message)
 
     stderr = world.tmp / "wrap.stderr"
-    async with world.connect(child=EVENTS, mode="legacy", message_handler=on_message, stderr=stderr) as client:
+    async with world.connect(child=EVENTS, mode=mode, message_handler=on_message, stderr=stderr) as client:
         assert "late_ticket" not in [t.name for t in (await client.list_tools()).tools]
         await client.call_tool("add_tool", {}, meta=meta("add"))
         await wait_for(lambda: len(changes) == 1, seconds=10)
@@ -652,6 +654,6 @@ async def test_a_host_on_the_stateless_revision_cannot_be_asked_and_the_child_ge
     # that proves nothing, so the operation is `unknown`, and the reason names the capability.
     assert result.is_error
     assert result.structured_content["status"] == "unknown", result.structured_content
-    assert "did not declare the `sampling` capability" in json.dumps(result.structured_content)
+    assert "`sampling/createMessage` cannot be passed to it" in json.dumps(result.structured_content)
     assert asked == []
     assert world.effects("summary") == []
