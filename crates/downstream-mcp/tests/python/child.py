@@ -31,12 +31,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import warnings
 from pathlib import Path
 
-import anyio
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import Completion, PromptReference, SamplingMessage, TextContent, ToolAnnotations
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--effects", required=True)
@@ -101,6 +99,12 @@ if args.collide:
 
 
 if args.events:
+    import warnings
+
+    import anyio
+    from mcp.server.mcpserver import Context
+    from mcp_types import Completion, PromptReference, SamplingMessage, TextContent
+
     # Logging, sampling and roots are deprecated by the 2026-07-28 revision; wrap speaks the
     # handshake revision to its child, where they are current.
     warnings.simplefilter("ignore")
