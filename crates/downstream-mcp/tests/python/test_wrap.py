@@ -348,10 +348,13 @@ async def test_an_over_long_argument_is_refused_naming_the_tool_and_child(world:
     assert [t for t, _ in world.records()] == ["create_ticket"]
 
 
-def run_wrap(*command: str, extra: tuple[str, ...] = (), store: Path) -> subprocess.CompletedProcess:
+def run_wrap(*command: str, extra: tuple[str, ...] = (), store: Path,
+             start_timeout: str = "3s") -> subprocess.CompletedProcess:
+    """A child that does start (a Python MCP server: several seconds on a loaded machine) gets
+    `start_timeout="20s"`; 3 s keeps the cases that never answer short."""
     return subprocess.run([str(IDEMGATE), "wrap", "--store", f"sqlite://{store}",
-                           "--start-timeout", "3s", *extra, "--", *command],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+                           "--start-timeout", start_timeout, *extra, "--", *command],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
 
 
 @pytest.mark.parametrize("case", ["exits", "not_mcp", "missing", "collides"])
@@ -362,7 +365,7 @@ def test_a_bad_child_is_a_clear_error_naming_it(world: World, case: str):
         "missing": [str(world.tmp / "no-such-server")],
         "collides": [PYTHON, str(CHILD), "--effects", str(world.effects_file), "--collide"],
     }[case]
-    done = run_wrap(*command, store=world.store)
+    done = run_wrap(*command, store=world.store, start_timeout="20s" if case == "collides" else "3s")
     assert done.returncode == 2, done
     assert done.stdout == "", "nothing but the protocol on stdout"
     message = done.stderr
@@ -381,7 +384,7 @@ def test_a_contract_naming_no_tool_of_the_child_is_an_error(world: World):
     contract = world.tmp / "stray.yaml"
     contract.write_text((ROOT / "contracts" / "tickets.create.yaml").read_text())
     done = run_wrap(PYTHON, str(CHILD), "--effects", str(world.effects_file),
-                    extra=("--contracts", str(contract)), store=world.store)
+                    extra=("--contracts", str(contract)), store=world.store, start_timeout="20s")
     assert done.returncode == 2, done
     assert "names no tool of the child" in done.stderr and "create_ticket" in done.stderr, done.stderr
 
