@@ -17,6 +17,8 @@ Tools:
   - `summarize_ticket(subject)` — asks the host's model (sampling), then one effect naming
     the model's answer.
   - `ticket_roots()` — asks the host for its roots (read-only).
+  - `confirm_ticket(subject)` — asks the host's user for a priority (elicitation), then one
+    effect naming it, or none when the user declines.
   - `later_ticket(subject, seconds)` — waits, then one effect (for a cancelled call).
   - `add_tool()` / `drop_tool(name)` — change the tool list and say so (tools/list_changed);
     `add_tool` adds `late_ticket(subject)` (one effect) and, with `collide`, a tool with the
@@ -104,6 +106,10 @@ if args.events:
     import anyio
     from mcp.server.mcpserver import Context
     from mcp_types import Completion, PromptReference, SamplingMessage, TextContent
+    from pydantic import BaseModel
+
+    class Priority(BaseModel):
+        priority: str
 
     # Logging, sampling and roots are deprecated by the 2026-07-28 revision; wrap speaks the
     # handshake revision to its child, where they are current.
@@ -131,6 +137,14 @@ if args.events:
     async def ticket_roots(ctx: Context) -> str:
         roots = await ctx.session.list_roots()
         return " ".join(str(r.uri) for r in roots.roots)
+
+    @server.tool(description="Opens a ticket at the priority the user gives.")
+    async def confirm_ticket(subject: str, ctx: Context) -> str:
+        answer = await ctx.elicit(f"Priority of {subject}?", schema=Priority)
+        if answer.action != "accept":
+            return f"not opened: {answer.action}"
+        n = effect("confirmed", f"{subject}:{answer.data.priority}")
+        return f"ticket T-{n} opened at {answer.data.priority}: {subject}"
 
     @server.tool(description="Opens a ticket after a pause.")
     async def later_ticket(subject: str, seconds: float) -> str:

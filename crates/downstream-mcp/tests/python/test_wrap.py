@@ -540,6 +540,26 @@ async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_chi
     assert world.effects("summary") == []
 
 
+async def test_a_childs_elicitation_is_answered_by_the_hosts_user_and_acts_once(world: World):
+    from mcp_types import ElicitResult
+    asked: list[str] = []
+
+    async def elicitation(_ctx: Any, params: Any) -> Any:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"priority": "high"})
+
+    step = meta("confirm")
+    async with world.connect(child=EVENTS, mode="legacy", elicitation_callback=elicitation) as client:
+        statuses = []
+        for _ in range(2):
+            result = await client.call_tool("confirm_ticket", {"subject": "printer"}, meta=step)
+            statuses.append(result.structured_content["status"])
+            assert "opened at high: printer" in result.content[0].text, result.content
+        assert statuses == ["applied", "replayed"]
+    assert asked == ["Priority of printer?"]
+    assert world.effects("confirmed") == ["confirmed\tprinter:high"]
+
+
 async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
     from mcp_types import ListRootsResult, Root
 
