@@ -515,19 +515,36 @@ def sampled(answer: str, asked: list[str]):
     return sampling
 
 
-async def test_a_childs_sampling_request_is_answered_by_the_hosts_model_and_acts_once(world: World):
+def elicited(priority: str, asked: list[str]):
+    async def elicitation(_ctx: Any, params: Any) -> Any:
+        from mcp_types import ElicitResult
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"priority": priority})
+    return elicitation
+
+
+@pytest.mark.parametrize("kind", ["sampling", "elicitation"])
+async def test_a_childs_request_is_answered_by_the_host_and_the_effect_happens_once(world: World, kind: str):
+    """The child asks the host's model (sampling) or user (elicitation) in the middle of a
+    call; the answer decides the effect. The host is asked once, for the one effect; the
+    replay asks nobody."""
     asked: list[str] = []
-    step = meta("summary")
-    async with world.connect(child=EVENTS, mode="legacy", sampling_callback=sampled("paper jam", asked)) as client:
+    tool, callbacks, question, answered, effect = {
+        "sampling": ("summarize_ticket", {"sampling_callback": sampled("paper jam", asked)},
+                     "Summarize: printer", "opened: paper jam", "summary\tpaper jam"),
+        "elicitation": ("confirm_ticket", {"elicitation_callback": elicited("high", asked)},
+                        "Priority of printer?", "opened at high: printer", "confirmed\tprinter:high"),
+    }[kind]
+    step = meta(kind)
+    async with world.connect(child=EVENTS, mode="legacy", **callbacks) as client:
         statuses = []
         for _ in range(2):
-            result = await client.call_tool("summarize_ticket", {"subject": "the printer"}, meta=step)
+            result = await client.call_tool(tool, {"subject": "printer"}, meta=step)
             statuses.append(result.structured_content["status"])
-            assert "opened: paper jam" in result.content[0].text, result.content
+            assert answered in result.content[0].text, result.content
         assert statuses == ["applied", "replayed"]
-    # The host's model was asked once, for the one effect; the replay asked nobody.
-    assert asked == ["Summarize: the printer"]
-    assert world.effects("summary") == ["summary\tpaper jam"]
+    assert asked == [question]
+    assert world.effects() == [effect]
 
 
 async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_child(world: World):
@@ -538,26 +555,6 @@ async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_chi
     assert result.is_error
     assert "sampling" in result.content[0].text, result.content
     assert world.effects("summary") == []
-
-
-async def test_a_childs_elicitation_is_answered_by_the_hosts_user_and_acts_once(world: World):
-    from mcp_types import ElicitResult
-    asked: list[str] = []
-
-    async def elicitation(_ctx: Any, params: Any) -> Any:
-        asked.append(params.message)
-        return ElicitResult(action="accept", content={"priority": "high"})
-
-    step = meta("confirm")
-    async with world.connect(child=EVENTS, mode="legacy", elicitation_callback=elicitation) as client:
-        statuses = []
-        for _ in range(2):
-            result = await client.call_tool("confirm_ticket", {"subject": "printer"}, meta=step)
-            statuses.append(result.structured_content["status"])
-            assert "opened at high: printer" in result.content[0].text, result.content
-        assert statuses == ["applied", "replayed"]
-    assert asked == ["Priority of printer?"]
-    assert world.effects("confirmed") == ["confirmed\tprinter:high"]
 
 
 async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
