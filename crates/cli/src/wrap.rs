@@ -3,7 +3,10 @@
 //! The host (a desktop assistant, an IDE) launches `idemgate wrap`, which starts the child,
 //! lists its tools and serves them over stdio as the child lists them; every `tools/call` is
 //! one delivery to the executor with the child's tool call as the effect
-//! (`idemgate_downstream_mcp`). Resources, prompts and completion pass through unchanged.
+//! (`idemgate_downstream_mcp`). Resources, prompts, completion, subscriptions and the log
+//! level pass through unchanged; the child's notifications and its requests to the host
+//! (sampling, elicitation, roots) come back through the relay; when the child says its tool
+//! list changed, the list is read again and served anew ([`Refresh`]).
 //!
 //! Settings come from flags, then the configuration file (`--config`, TOML, keys below), then
 //! defaults. Relative paths in the file are read from the file's directory.
@@ -26,18 +29,22 @@
 //! (often `/` or the home directory), and two different children must never share operation
 //! records under one tool name.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use idemgate_core::contract::Contract;
 use idemgate_core::duration::Span;
 use idemgate_core::store::BoxFuture;
-use idemgate_downstream_mcp::{Child, ChildSpec, McpDownstream, Started, default_contract};
+use idemgate_downstream_mcp::{
+    Child, ChildSpec, ForwardError, McpDownstream, Started, Upstream, default_contract,
+};
 use idemgate_mcp::assembly::{Assembly, IdentityRule, Local, Recovery, Tool};
-use idemgate_mcp::wrapped::{self, Forwarded, Passthrough, Wrap};
-use serde_json::{Map, Value};
+use idemgate_mcp::gateway::LocalGateway;
+use idemgate_mcp::wrapped::{self, Forwarded, Host, Listing, Passthrough, Waiting, Wrap};
+use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::stores;
@@ -246,9 +253,70 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
 struct ChildPassthrough {
     child: Arc<Child>,
     started: Started,
+    /// The host, once it connected.
+    host: OnceLock<Arc<dyn Host>>,
+}
+
+/// A JSON-RPC error of the child, for the host.
+fn to_host(e: ForwardError) -> Forwarded {
+    let ForwardError {
+        code,
+        message,
+        data,
+    } = e;
+    Forwarded {
+        code,
+        message,
+        data,
+    }
+}
+
+/// A JSON-RPC error of the host, for the child.
+fn to_child(e: Forwarded) -> ForwardError {
+    let Forwarded {
+        code,
+        message,
+        data,
+    } = e;
+    ForwardError {
+        code,
+        message,
+        data,
+    }
+}
+
+/// The MCP face's host as the child's relay sees it.
+struct ToHost(Arc<dyn Host>);
+
+impl Upstream for ToHost {
+    fn notify(&self, method: &str, params: Value) {
+        self.0.notify(method, params);
+    }
+
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, ForwardError>> {
+        Box::pin(async move { self.0.request(method, params).await.map_err(to_child) })
+    }
 }
 
 impl Passthrough for ChildPassthrough {
+    fn attach(&self, host: Arc<dyn Host>) {
+        if self.host.set(host.clone()).is_ok() {
+            self.child.relay().attach(Arc::new(ToHost(host)));
+        }
+    }
+
+    fn expect_progress(&self, tool: &str, arguments: &Value, token: Value) -> Waiting {
+        Box::new(self.child.relay().expect(tool, arguments, token))
+    }
+
+    fn notify<'a>(&'a self, method: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.child.notify(method))
+    }
+
     fn capabilities(&self) -> Value {
         self.started.capabilities.clone()
     }
@@ -262,49 +330,51 @@ impl Passthrough for ChildPassthrough {
         method: &'a str,
         params: Value,
     ) -> BoxFuture<'a, Result<Value, Forwarded>> {
-        Box::pin(async move {
-            self.child
-                .forward(method, params)
-                .await
-                .map_err(|e| Forwarded {
-                    code: e.code,
-                    message: e.message,
-                    data: e.data,
-                })
-        })
+        Box::pin(async move { self.child.forward(method, params).await.map_err(to_host) })
     }
 }
 
-/// The contract of each listed tool: the file's where one names it, else the defaults from
-/// its annotations (with one warning on stderr per tool). A contract naming no listed tool is
-/// an error: it would silently protect nothing.
-fn contracts_for(
-    child: &str,
-    tools: &[Map<String, Value>],
+/// How each listed tool is served: the contract file's where one names it, else the defaults
+/// from its annotations (with one warning on stderr per tool, the first time).
+struct Contracts {
+    child: String,
     files: Vec<Arc<Contract>>,
     lease_seconds: u64,
-) -> anyhow::Result<Vec<Arc<Contract>>> {
-    let names: Vec<&str> = tools
-        .iter()
-        .filter_map(|t| t.get("name").and_then(Value::as_str))
-        .collect();
-    if let Some(stray) = files.iter().find(|c| !names.contains(&c.name.as_str())) {
-        bail!(
-            "contract `{}` names no tool of the child `{child}` (it lists: {})",
-            stray.name,
-            names.join(", ")
-        );
-    }
-    let mut out = Vec::new();
-    for tool in tools {
-        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
-        if let Some(contract) = files.iter().find(|c| c.name == name) {
-            out.push(contract.clone());
-            continue;
+    warned: Mutex<BTreeSet<String>>,
+}
+
+impl Contracts {
+    /// A contract naming no listed tool is an error at start: it would silently protect
+    /// nothing. (After a change of the child's list it is not: the tool may come back.)
+    fn check_files(&self, tools: &[Map<String, Value>]) -> anyhow::Result<()> {
+        let names: Vec<&str> = tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str))
+            .collect();
+        if let Some(stray) = self
+            .files
+            .iter()
+            .find(|c| !names.contains(&c.name.as_str()))
+        {
+            bail!(
+                "contract `{}` names no tool of the child `{}` (it lists: {})",
+                stray.name,
+                self.child,
+                names.join(", ")
+            );
         }
-        let contract = default_contract(tool, lease_seconds).map_err(|e| {
-            anyhow::anyhow!(
-                "tool `{name}` of the child `{child}` cannot run under default contracts: {}{}",
+        Ok(())
+    }
+
+    fn of(&self, tool: &Map<String, Value>) -> Result<Arc<Contract>, String> {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        if let Some(contract) = self.files.iter().find(|c| c.name == name) {
+            return Ok(contract.clone());
+        }
+        let contract = default_contract(tool, self.lease_seconds).map_err(|e| {
+            format!(
+                "tool `{name}` of the child `{}` cannot run under default contracts: {}{}",
+                self.child,
                 e.field
                     .as_deref()
                     .map(|f| format!("{f}: "))
@@ -312,13 +382,102 @@ fn contracts_for(
                 e.message
             )
         })?;
-        eprintln!(
-            "{}",
-            idemgate_downstream_mcp::defaults::warning(child, name, contract.effect_class)
-        );
-        out.push(contract);
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(name.to_string()))
+            .unwrap_or(true);
+        if first {
+            eprintln!(
+                "{}",
+                idemgate_downstream_mcp::defaults::warning(
+                    &self.child,
+                    name,
+                    contract.effect_class
+                )
+            );
+        }
+        Ok(contract)
     }
-    Ok(out)
+}
+
+/// Serves the child's tool list again when it changed: the same contracts and defaults as at
+/// start; each tool's contract is served by the gateway before the tool is listed; then the
+/// host is told its list changed. A tool that left the list is refused by name; a name that
+/// now collides (with idemgate's own tool, or twice in the list) is left out, refused with the
+/// error it would have stopped the start with, and printed on stderr.
+struct Refresh {
+    child: Arc<Child>,
+    passthrough: Arc<ChildPassthrough>,
+    gateway: Arc<LocalGateway>,
+    listing: Arc<Listing>,
+    contracts: Arc<Contracts>,
+    max_argument_bytes: usize,
+}
+
+impl Refresh {
+    fn serve(&self, tool: &Map<String, Value>) -> Result<Map<String, Value>, String> {
+        let contract = self.contracts.of(tool)?;
+        let downstream = McpDownstream::new(self.child.clone(), contract.name.clone())
+            .with_max_argument_bytes(self.max_argument_bytes);
+        self.gateway
+            .serve_tool(contract.clone(), Arc::new(downstream));
+        Ok(wrapped::listed(tool, &contract))
+    }
+
+    async fn once(&self) {
+        let shown = self.contracts.child.clone();
+        let tools = match self.child.list_tools().await {
+            Ok(tools) => tools,
+            Err(e) => {
+                tracing::warn!(child = %shown, error = %e, "the changed tool list could not be read; serving the previous one");
+                return;
+            }
+        };
+        let mut refused = BTreeMap::new();
+        for e in wrapped::refused_names(&shown, &tools) {
+            eprintln!("idemgate wrap: error: {e}; the tool is not served");
+            if let Some(tool) = e.tool() {
+                refused.insert(tool.to_string(), e.to_string());
+            }
+        }
+        let mut listed = Vec::new();
+        for tool in &tools {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            if refused.contains_key(name) {
+                continue;
+            }
+            match self.serve(tool) {
+                Ok(tool) => listed.push(tool),
+                Err(message) => {
+                    eprintln!("idemgate wrap: error: {message}; the tool is not served");
+                    refused.insert(name.to_string(), message);
+                }
+            }
+        }
+        tracing::info!(child = %shown, tools = listed.len(), "the child's tool list changed");
+        self.listing.replace(listed, refused, |tool| {
+            format!(
+                "tool `{tool}` is no longer offered by the child `{shown}`: it left the child's tool list; nothing was sent"
+            )
+        });
+        if let Some(host) = self.passthrough.host.get() {
+            host.notify("notifications/tools/list_changed", json!({}));
+        }
+    }
+
+    /// Until the child is shut down: one refresh per change (changes that come while one
+    /// runs are taken up by the next).
+    async fn run(self) {
+        let mut changes = self.child.relay().watch_tools();
+        changes.borrow_and_update();
+        while changes.changed().await.is_ok() {
+            changes.borrow_and_update();
+            self.once().await;
+        }
+    }
 }
 
 /// Runs `idemgate wrap` until the host closes stdin, or Ctrl-C / SIGTERM.
@@ -347,17 +506,24 @@ async fn serve(
     // The executor renews the lease at a third of its length while a call runs, so it need
     // not outlast the call; it bounds how soon a wrap that died mid-call is recovered.
     let lease = settings.call_timeout.as_secs().clamp(10, 600);
-    let contracts = contracts_for(&shown, &started.tools, files, lease)?;
+    let contracts = Arc::new(Contracts {
+        child: shown.clone(),
+        files,
+        lease_seconds: lease,
+        warned: Mutex::new(BTreeSet::new()),
+    });
+    contracts.check_files(&started.tools)?;
     let mut tools = Vec::new();
     let mut listed = Vec::new();
-    for (tool, contract) in started.tools.iter().zip(&contracts) {
+    for tool in &started.tools {
+        let contract = contracts.of(tool).map_err(anyhow::Error::msg)?;
         let downstream = McpDownstream::new(child.clone(), contract.name.clone())
             .with_max_argument_bytes(settings.max_argument_bytes);
         tools.push(Tool {
             contract: contract.clone(),
             downstream: Arc::new(downstream),
         });
-        listed.push(wrapped::listed(tool, contract));
+        listed.push(wrapped::listed(tool, &contract));
     }
     let store = stores::open(&settings.store).await?;
     tracing::info!(
@@ -374,16 +540,33 @@ async fn serve(
         tools,
         Recovery::default(),
     )?;
+    let passthrough = Arc::new(ChildPassthrough {
+        child: child.clone(),
+        started,
+        host: OnceLock::new(),
+    });
+    let listing = Arc::new(Listing::new(listed));
+    let refresh = Refresh {
+        child,
+        passthrough: passthrough.clone(),
+        gateway: assembly.gateway().clone(),
+        listing: listing.clone(),
+        contracts,
+        max_argument_bytes: settings.max_argument_bytes,
+    };
+    let refreshing = tokio::spawn(refresh.run());
     let options = idemgate_mcp::Options {
         wrap: Some(Wrap {
-            child: Arc::new(ChildPassthrough { child, started }),
-            tools: listed,
+            child: passthrough,
+            listing,
         }),
         identity: settings.identity,
         ..Default::default()
     };
-    assembly
+    let served = assembly
         .serve_stdio(options, idemgate_server::serve::shutdown_signal())
-        .await?;
+        .await;
+    refreshing.abort();
+    served?;
     Ok(())
 }

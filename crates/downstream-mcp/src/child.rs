@@ -5,19 +5,30 @@
 //! child-process transport). Everything it hands out is plain JSON, so the MCP face and the
 //! downstream never see the SDK's client types.
 
+// Sampling, roots and logging are deprecated by the 2026-07-28 revision (SEP-2577); wrap
+// speaks the handshake revision to its child, where they are current, and passes them on.
+#![allow(deprecated)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, JsonObject,
-    RequestMetaObject,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
+    ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, Implementation, JsonObject, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, Request, RequestMetaObject,
+    ResourceUpdatedNotificationParam, ServerResult,
 };
-use rmcp::service::{Peer, RunningService, ServiceError};
+use rmcp::service::{
+    NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService, ServiceError,
+};
 use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceExt};
-use serde_json::{Map, Value};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde_json::{Map, Value, json};
 use tokio::process::Command;
 use tokio::sync::Mutex;
+
+use crate::relay::{self, Relay};
 
 /// How to run the child, and how long to wait for it.
 #[derive(Debug, Clone)]
@@ -106,7 +117,104 @@ pub struct ForwardError {
     pub data: Option<Value>,
 }
 
-type Connection = RunningService<RoleClient, ClientConfig>;
+type Connection = RunningService<RoleClient, Handler>;
+
+/// The client side of one connection to the child: its notifications and requests to the
+/// host go through the [`Relay`].
+#[derive(Clone)]
+struct Handler {
+    relay: Arc<Relay>,
+}
+
+fn to_error(e: ForwardError) -> ErrorData {
+    ErrorData::new(rmcp::model::ErrorCode(e.code), e.message, e.data)
+}
+
+impl Handler {
+    /// One request of the child for the host, read back as the SDK's answer type.
+    async fn ask<P: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        params: P,
+    ) -> Result<T, ErrorData> {
+        let params = serde_json::to_value(params).unwrap_or(Value::Null);
+        let answer = self.relay.ask(method, params).await.map_err(to_error)?;
+        serde_json::from_value(answer).map_err(|e| {
+            ErrorData::internal_error(format!("the host's answer to `{method}`: {e}"), None)
+        })
+    }
+
+    fn pass<P: serde::Serialize>(&self, method: &str, params: P) {
+        let params = serde_json::to_value(params).unwrap_or(Value::Null);
+        self.relay.notify(method, params);
+    }
+}
+
+impl ClientHandler for Handler {
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        self.ask("sampling/createMessage", params).await
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.ask("roots/list", json!({})).await
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        self.ask("elicitation/create", params).await
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.relay
+            .progress(serde_json::to_value(params).unwrap_or(Value::Null));
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.pass("notifications/message", params);
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.pass("notifications/resources/updated", params);
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.pass("notifications/resources/list_changed", json!({}));
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.pass("notifications/prompts/list_changed", json!({}));
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.relay.tools_changed();
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        client_config()
+    }
+}
 
 struct State {
     connection: Option<Connection>,
@@ -124,6 +232,7 @@ struct State {
 pub struct Child {
     spec: ChildSpec,
     state: Mutex<State>,
+    relay: Arc<Relay>,
 }
 
 impl std::fmt::Debug for Child {
@@ -135,8 +244,10 @@ impl std::fmt::Debug for Child {
 }
 
 fn client_config() -> ClientConfig {
+    let capabilities: ClientCapabilities =
+        serde_json::from_value(relay::child_capabilities()).unwrap_or_default();
     ClientConfig::new(
-        ClientCapabilities::default(),
+        capabilities,
         Implementation::new("idemgate-wrap", env!("CARGO_PKG_VERSION")),
     )
 }
@@ -145,7 +256,8 @@ impl Child {
     /// Starts the child, initialises it and lists its tools. Fails with an error naming the
     /// child when it cannot be spawned, is not an MCP server, exits at start, or is too slow.
     pub async fn start(spec: ChildSpec) -> Result<(Arc<Child>, Started), StartError> {
-        let connection = connect(&spec).await?;
+        let relay = Relay::new(spec.display());
+        let connection = connect(&spec, &relay).await?;
         let started = describe(&spec, &connection).await?;
         let child = Arc::new(Child {
             spec,
@@ -155,12 +267,49 @@ impl Child {
                 not_before: None,
                 generation: 0,
             }),
+            relay,
         });
         Ok((child, started))
     }
 
     pub fn spec(&self) -> &ChildSpec {
         &self.spec
+    }
+
+    /// What passes between the child and the host besides tool calls.
+    pub fn relay(&self) -> &Arc<Relay> {
+        &self.relay
+    }
+
+    /// The child's tools as it lists them now (starting it again if it died).
+    pub async fn list_tools(&self) -> Result<Vec<Map<String, Value>>, String> {
+        let (peer, _) = self.peer().await?;
+        let child = self.spec.display();
+        let listed = tokio::time::timeout(self.spec.start_timeout, peer.list_all_tools())
+            .await
+            .map_err(|_| {
+                format!(
+                    "the child MCP server `{child}` did not answer `tools/list` within {} s",
+                    self.spec.start_timeout.as_secs()
+                )
+            })?
+            .map_err(|e| format!("the child MCP server `{child}` failed to list its tools: {e}"))?;
+        Ok(tools_as_json(&listed))
+    }
+
+    /// One notification of the host for the child: `notifications/roots/list_changed`.
+    /// Dropped while the child is down: a child started again asks for what it needs.
+    pub async fn notify(&self, method: &str) {
+        let peer = {
+            let state = self.state.lock().await;
+            state.connection.as_ref().map(|c| c.peer().clone())
+        };
+        let (Some(peer), "notifications/roots/list_changed") = (peer, method) else {
+            return;
+        };
+        if let Err(e) = peer.notify_roots_list_changed().await {
+            tracing::debug!(child = %self.spec.display(), error = %e, "roots/list_changed not delivered");
+        }
     }
 
     /// A live connection: the current one, or a new child when it died. `Err` when the child
@@ -185,13 +334,15 @@ impl Child {
                 at.duration_since(Instant::now()).as_millis()
             ));
         }
-        match connect(&self.spec).await {
+        match connect(&self.spec, &self.relay).await {
             Ok(connection) => {
                 let peer = connection.peer().clone();
                 state.connection = Some(connection);
                 state.failures = 0;
                 state.not_before = None;
                 state.generation += 1;
+                // A new process may list other tools than the one that died.
+                self.relay.tools_changed();
                 Ok((peer, state.generation))
             }
             Err(e) => {
@@ -214,22 +365,51 @@ impl Child {
             Ok(peer) => peer,
             Err(message) => return CallAnswer::NotSent(message),
         };
+        let arguments_value = Value::Object(arguments.clone());
         let mut params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
         if !meta.is_empty() {
             params.meta = Some(RequestMetaObject::from(meta));
         }
         let child = self.spec.display();
         let seconds = self.spec.call_timeout.as_secs();
-        match tokio::time::timeout(self.spec.call_timeout, peer.call_tool(params)).await {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let sent = peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await;
+        let answer = match sent {
+            Ok(handle) => {
+                // The SDK gives every request its own progress token: progress under it is
+                // passed to the host's request that announced this call, if one waits.
+                let token = serde_json::to_value(&handle.progress_token).unwrap_or(Value::Null);
+                self.relay.claim(name, &arguments_value, token);
+                let id = handle.id.clone();
+                match tokio::time::timeout(self.spec.call_timeout, handle.await_response()).await {
+                    Ok(answer) => Ok(answer),
+                    Err(elapsed) => {
+                        // Past the timeout the child is told to stop; whether it did, or acted
+                        // first, is unknown either way.
+                        let cancel = CancelledNotificationParam::new(
+                            Some(id),
+                            Some("idemgate wrap: call timeout".into()),
+                        );
+                        let _ = peer.notify_cancelled(cancel).await;
+                        Err(elapsed)
+                    }
+                }
+            }
+            Err(e) => Ok(Err(e)),
+        };
+        match answer {
             Err(_) => CallAnswer::Ambiguous(format!(
                 "the child MCP server `{child}` did not answer `{name}` within {seconds} s"
             )),
-            Ok(Ok(result)) => match serde_json::to_value(&result) {
+            Ok(Ok(ServerResult::CallToolResult(result))) => match serde_json::to_value(&result) {
                 Ok(Value::Object(map)) => CallAnswer::Answered(map),
                 _ => CallAnswer::Ambiguous(format!(
                     "the answer of `{child}` to `{name}` could not be read"
                 )),
             },
+            Ok(Ok(_)) => classify_error(&child, name, ServiceError::UnexpectedResponse),
             Ok(Err(e)) => {
                 if matches!(
                     e,
@@ -252,7 +432,9 @@ impl Child {
         }
     }
 
-    /// Passes one request (resources, prompts, completion) to the child unchanged.
+    /// Passes one request (resources, prompts, completion, subscriptions, the log level) to
+    /// the child unchanged. Dropping the future before the answer tells the child the request
+    /// was cancelled.
     pub async fn forward(&self, method: &str, params: Value) -> Result<Value, ForwardError> {
         let down = |message: String| ForwardError {
             code: -32603,
@@ -280,6 +462,24 @@ impl Child {
                 "prompts/list" => ask!(list_prompts),
                 "prompts/get" => ask!(get_prompt),
                 "completion/complete" => ask!(complete),
+                "resources/subscribe" => {
+                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
+                    peer.send_request(ClientRequest::SubscribeRequest(request))
+                        .await
+                        .map(|_| json!({}))
+                }
+                "resources/unsubscribe" => {
+                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
+                    peer.send_request(ClientRequest::UnsubscribeRequest(request))
+                        .await
+                        .map(|_| json!({}))
+                }
+                "logging/setLevel" => {
+                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
+                    peer.send_request(ClientRequest::SetLevelRequest(request))
+                        .await
+                        .map(|_| json!({}))
+                }
                 _ => {
                     return Err(ForwardError {
                         code: -32601,
@@ -361,7 +561,7 @@ fn classify_error(child: &str, name: &str, e: ServiceError) -> CallAnswer {
     CallAnswer::Ambiguous(reason)
 }
 
-async fn connect(spec: &ChildSpec) -> Result<Connection, StartError> {
+async fn connect(spec: &ChildSpec, relay: &Arc<Relay>) -> Result<Connection, StartError> {
     let child = spec.display();
     let mut command = Command::new(&spec.program);
     command.args(&spec.args);
@@ -375,7 +575,10 @@ async fn connect(spec: &ChildSpec) -> Result<Connection, StartError> {
             message: e.to_string(),
         })?;
     let seconds = spec.start_timeout.as_secs();
-    match tokio::time::timeout(spec.start_timeout, client_config().serve(transport)).await {
+    let handler = Handler {
+        relay: relay.clone(),
+    };
+    match tokio::time::timeout(spec.start_timeout, handler.serve(transport)).await {
         Err(_) => Err(StartError::Timeout {
             child,
             step: "initialize",
@@ -403,13 +606,7 @@ async fn describe(spec: &ChildSpec, connection: &Connection) -> Result<Started, 
             child: child.clone(),
             message: e.to_string(),
         })?;
-    let tools = listed
-        .iter()
-        .filter_map(|t| match serde_json::to_value(t) {
-            Ok(Value::Object(map)) => Some(map),
-            _ => None,
-        })
-        .collect();
+    let tools = tools_as_json(&listed);
     let info = connection.peer_info();
     let to_json = |v: Option<Value>| v.unwrap_or(Value::Null);
     Ok(Started {
@@ -424,6 +621,16 @@ async fn describe(spec: &ChildSpec, connection: &Connection) -> Result<Started, 
         ),
         instructions: info.as_ref().and_then(|i| i.instructions.clone()),
     })
+}
+
+fn tools_as_json(listed: &[rmcp::model::Tool]) -> Vec<Map<String, Value>> {
+    listed
+        .iter()
+        .filter_map(|t| match serde_json::to_value(t) {
+            Ok(Value::Object(map)) => Some(map),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The arguments of a call as the SDK's object type.

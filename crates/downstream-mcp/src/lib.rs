@@ -7,7 +7,10 @@
 //!   child-process transport): [`Child::start`] spawns, initialises and lists the tools;
 //!   [`Child::call_tool`] makes one call, classified as [`CallAnswer`]; a call that finds the
 //!   child dead starts it again (bounded backoff); [`Child::forward`] passes resources,
-//!   prompts and completion requests through.
+//!   prompts, completion, subscription and log-level requests through.
+//! - [`relay`] — everything else between the child and the host, as plain JSON: the child's
+//!   notifications and requests (sampling, elicitation, roots) for the host ([`Upstream`]),
+//!   progress mapped from the child's request to the host's, and tool-list changes.
 //! - [`downstream`] — [`McpDownstream`], one tool as the core's `Downstream`: `perform` is one
 //!   `tools/call`; no receipt lookup, no deduplication, so a lost answer is ambiguous and the
 //!   executor ends it `unknown` (the contract's dispatch marker makes recovery say so too).
@@ -20,7 +23,9 @@
 pub mod child;
 pub mod defaults;
 pub mod downstream;
+pub mod relay;
 
 pub use child::{CallAnswer, Child, ChildSpec, ForwardError, StartError, Started};
 pub use defaults::{Annotations, default_contract};
 pub use downstream::{DEFAULT_MAX_ARGUMENT_BYTES, McpDownstream, OPERATION_KEY_META};
+pub use relay::{Relay, RouteGuard, Upstream};

@@ -89,58 +89,106 @@ const SESSION_HEADER: &str = "mcp-session-id";
 #[derive(Clone, Debug)]
 struct Authenticated(Caller);
 
-struct Shared {
-    gateway: Arc<dyn Gateway>,
+/// The tools served now: fixed for contracts, rebuilt for `wrap` whenever the child's list
+/// changes (see [`wrapped::Listing`]).
+struct Served {
     catalog: Catalog,
     /// The served contracts by name, for the session-window rule's fingerprint.
     contracts: BTreeMap<String, Arc<Contract>>,
+    listed: Vec<Tool>,
+    /// The wrap listing's generation this was built from.
+    generation: u64,
+}
+
+struct Shared {
+    gateway: Arc<dyn Gateway>,
+    served: std::sync::RwLock<Arc<Served>>,
+    identity: Identity,
     /// Whether the HTTP service keeps sessions: only then is `Mcp-Session-Id` a session the
     /// SDK validated, rather than a header any stateless request may carry.
     http_sessions: bool,
-    listed: Vec<Tool>,
     fakes: Option<FakeDownstreams>,
     wrap: Option<Wrap>,
+    /// `wrap` over stdio: the host's connection, attached to the child at its first request.
+    host: std::sync::OnceLock<()>,
 }
 
 impl Shared {
     fn new(gateway: Arc<dyn Gateway>, options: Options) -> Result<Shared, Error> {
-        if let Some(wrap) = options.wrap {
-            return Shared::wrapping(gateway, wrap, options.identity);
-        }
-        let served = gateway.tools();
-        let catalog = Catalog::with_identity(&served, options.identity)?;
-        let listed = catalog.tools().map(to_tool).collect();
-        let contracts = served.into_iter().map(|c| (c.name.clone(), c)).collect();
+        let served = match &options.wrap {
+            Some(wrap) => Shared::wrapping(gateway.as_ref(), wrap, options.identity)?,
+            None => {
+                let served = gateway.tools();
+                let catalog = Catalog::with_identity(&served, options.identity)?;
+                let listed = catalog.tools().map(to_tool).collect();
+                let contracts = served.into_iter().map(|c| (c.name.clone(), c)).collect();
+                Served {
+                    catalog,
+                    contracts,
+                    listed,
+                    generation: 0,
+                }
+            }
+        };
         Ok(Shared {
             gateway,
-            catalog,
-            contracts,
+            served: std::sync::RwLock::new(Arc::new(served)),
+            identity: options.identity,
             http_sessions: false,
-            listed,
-            fakes: options.fakes,
-            wrap: None,
+            fakes: if options.wrap.is_some() {
+                None
+            } else {
+                options.fakes
+            },
+            wrap: options.wrap,
+            host: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The tools served now. Under `wrap`, a listing newer than the one served is taken up
+    /// first; one that cannot be served leaves the previous one in place, with a log line.
+    fn served(&self) -> Arc<Served> {
+        let current = self
+            .served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(wrap) = &self.wrap else {
+            return current;
+        };
+        if wrap.listing.generation() == current.generation {
+            return current;
+        }
+        match Shared::wrapping(self.gateway.as_ref(), wrap, self.identity) {
+            Ok(next) => {
+                let next = Arc::new(next);
+                *self.served.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
+                next
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the child's changed tool list cannot be served; keeping the previous one");
+                current
+            }
+        }
     }
 
     /// The child's tools, listed as the child lists them, each routed to the contract of
     /// the same name; idemgate's status tool first. A tool whose calls are named by the
     /// session-window rule lists the optional `repeat_of` too, and says what a repeat means.
-    fn wrapping(
-        gateway: Arc<dyn Gateway>,
-        wrap: Wrap,
-        identity: Identity,
-    ) -> Result<Shared, Error> {
+    fn wrapping(gateway: &dyn Gateway, wrap: &Wrap, identity: Identity) -> Result<Served, Error> {
+        // The generation first: a listing replaced meanwhile is taken up on the next read.
+        let generation = wrap.listing.generation();
+        let tools = wrap.listing.tools();
         let served = gateway.tools();
         let contracts: BTreeMap<String, Arc<Contract>> =
             served.into_iter().map(|c| (c.name.clone(), c)).collect();
-        let names: Vec<String> = wrap
-            .tools
+        let names: Vec<String> = tools
             .iter()
             .filter_map(|t| t.get("name").and_then(Value::as_str).map(String::from))
             .collect();
         let catalog = Catalog::wrapped(&names, &contracts, identity)?;
         let mut listed = vec![to_tool(&ToolSpec::status())];
-        for tool in &wrap.tools {
+        for tool in &tools {
             let mut parsed: Tool = serde_json::from_value(Value::Object(tool.clone()))
                 .map_err(|e| Error::Wrapped(format!("a listed tool could not be read: {e}")))?;
             let spec = catalog.get(&parsed.name);
@@ -168,14 +216,11 @@ impl Shared {
             }
             listed.push(parsed);
         }
-        Ok(Shared {
-            gateway,
+        Ok(Served {
             catalog,
             contracts,
-            http_sessions: false,
             listed,
-            fakes: None,
-            wrap: Some(wrap),
+            generation,
         })
     }
 }
@@ -270,22 +315,172 @@ fn not_found(method: &'static str) -> ErrorData {
     ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, method, None)
 }
 
+/// The host of `wrap`, as the child's notifications and requests reach it. Notifications go
+/// out in the order they came, from one task, never waited for by the child.
+struct HostPeer {
+    peer: rmcp::Peer<RoleServer>,
+    notifications: tokio::sync::mpsc::UnboundedSender<(String, Value)>,
+}
+
+impl HostPeer {
+    fn new(peer: rmcp::Peer<RoleServer>) -> HostPeer {
+        let (notifications, mut queue) = tokio::sync::mpsc::unbounded_channel::<(String, Value)>();
+        let sender = peer.clone();
+        tokio::spawn(async move {
+            while let Some((method, params)) = queue.recv().await {
+                if let Err(e) = notify_host(&sender, &method, params).await {
+                    tracing::debug!(method, error = %e, "a notification of the child did not reach the host");
+                }
+            }
+        });
+        HostPeer {
+            peer,
+            notifications,
+        }
+    }
+
+    /// Whether the host declared `capability` (`sampling`, `elicitation`, `roots`) at
+    /// `initialize`; `None` when it did not initialise (the 2026-07-28 revision has no
+    /// `initialize`, and takes no server-to-client request).
+    fn declared(&self, capability: &str) -> Option<bool> {
+        let info = self.peer.peer_info()?;
+        Some(
+            serde_json::to_value(&info.capabilities)
+                .ok()
+                .and_then(|caps| caps.get(capability).cloned())
+                .is_some_and(|c| !c.is_null()),
+        )
+    }
+}
+
+/// One notification of the child, as the SDK's type, to the host.
+#[allow(deprecated)] // logging is deprecated by the 2026-07-28 revision, and still passed on
+async fn notify_host(
+    peer: &rmcp::Peer<RoleServer>,
+    method: &str,
+    params: Value,
+) -> Result<(), String> {
+    fn read<T: serde::de::DeserializeOwned>(params: Value) -> Result<T, String> {
+        serde_json::from_value(params).map_err(|e| e.to_string())
+    }
+    let sent = match method {
+        "notifications/message" => peer.notify_logging_message(read(params)?).await,
+        "notifications/progress" => peer.notify_progress(read(params)?).await,
+        "notifications/resources/updated" => peer.notify_resource_updated(read(params)?).await,
+        "notifications/resources/list_changed" => peer.notify_resource_list_changed().await,
+        "notifications/prompts/list_changed" => peer.notify_prompt_list_changed().await,
+        "notifications/tools/list_changed" => peer.notify_tool_list_changed().await,
+        other => return Err(format!("`{other}` is not passed to the host")),
+    };
+    sent.map_err(|e| e.to_string())
+}
+
+impl wrapped::Host for HostPeer {
+    fn notify(&self, method: &str, params: Value) {
+        let _ = self.notifications.send((method.to_string(), params));
+    }
+
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, wrapped::Forwarded>> {
+        Box::pin(async move {
+            let refuse = |code: i32, message: String| wrapped::Forwarded {
+                code,
+                message,
+                data: None,
+            };
+            let needs = match method {
+                "sampling/createMessage" => "sampling",
+                "elicitation/create" => "elicitation",
+                "roots/list" => "roots",
+                other => {
+                    return Err(refuse(
+                        -32601,
+                        format!("`{other}` is not passed to the host"),
+                    ));
+                }
+            };
+            match self.declared(needs) {
+                Some(true) => {}
+                Some(false) => {
+                    return Err(refuse(
+                        -32601,
+                        format!(
+                            "the host of idemgate wrap did not declare the `{needs}` capability, so `{method}` cannot be passed to it"
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(refuse(
+                        -32601,
+                        format!(
+                            "the host of idemgate wrap did not initialise (protocol 2026-07-28 takes no request from a server), so `{method}` cannot be passed to it"
+                        ),
+                    ));
+                }
+            }
+            let bad = |e: serde_json::Error| refuse(-32602, format!("invalid `{method}`: {e}"));
+            let request = match needs {
+                "sampling" => rmcp::model::ServerRequest::CreateMessageRequest(
+                    rmcp::model::Request::new(serde_json::from_value(params).map_err(bad)?),
+                ),
+                "elicitation" => rmcp::model::ServerRequest::ElicitRequest(
+                    rmcp::model::Request::new(serde_json::from_value(params).map_err(bad)?),
+                ),
+                _ => rmcp::model::ServerRequest::ListRootsRequest(Default::default()),
+            };
+            match self.peer.send_request(request).await {
+                Ok(answer) => Ok(serde_json::to_value(answer).unwrap_or(Value::Null)),
+                Err(rmcp::ServiceError::McpError(e)) => Err(wrapped::Forwarded {
+                    code: e.code.0,
+                    message: e.message.to_string(),
+                    data: e.data,
+                }),
+                Err(e) => Err(refuse(
+                    -32603,
+                    format!("the host of idemgate wrap could not be asked `{method}`: {e}"),
+                )),
+            }
+        })
+    }
+}
+
 impl Handler {
+    /// Under `wrap`, the first request (or `notifications/initialized`) attaches the host's
+    /// connection to the child, for the child's notifications and requests.
+    fn attach_host(&self, context: &RequestContext<RoleServer>) {
+        self.attach_peer(&context.peer);
+    }
+
+    fn attach_peer(&self, peer: &rmcp::Peer<RoleServer>) {
+        if let Some(wrap) = &self.shared.wrap
+            && self.shared.host.set(()).is_ok()
+        {
+            wrap.child.attach(Arc::new(HostPeer::new(peer.clone())));
+        }
+    }
+
     /// Passes one request to the wrapped child and reads its answer as `T`.
     async fn forward<T: serde::de::DeserializeOwned>(
         &self,
         method: &'static str,
         params: impl serde::Serialize,
+        context: &RequestContext<RoleServer>,
     ) -> Result<T, ErrorData> {
         let Some(wrap) = &self.shared.wrap else {
             return Err(not_found(method));
         };
+        self.attach_host(context);
         let params = serde_json::to_value(params).unwrap_or(Value::Null);
-        let mut answer = wrap
-            .child
-            .forward(method, params)
-            .await
-            .map_err(forwarded)?;
+        // A cancelled request drops the forward, which tells the child it was cancelled.
+        let mut answer = tokio::select! {
+            answer = wrap.child.forward(method, params) => answer.map_err(forwarded)?,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error("the request was cancelled", None));
+            }
+        };
         // A child on an older protocol revision answers without `resultType`, which the
         // 2026-07-28 revision requires of a complete result; absent means complete.
         if let Value::Object(fields) = &mut answer {
@@ -579,6 +774,11 @@ impl ServerHandler for Handler {
             capabilities.resources = capability(&child, "resources");
             capabilities.prompts = capability(&child, "prompts");
             capabilities.completions = capability(&child, "completions");
+            capabilities.logging = capability(&child, "logging");
+            // The child's tool list is read again whenever it says it changed.
+            if let Some(tools) = &mut capabilities.tools {
+                tools.list_changed = Some(true);
+            }
             if let Some(theirs) = wrap.child.instructions() {
                 instructions = format!("{instructions}\n\n{theirs}");
             }
@@ -592,74 +792,123 @@ impl ServerHandler for Handler {
             .with_instructions(instructions)
     }
 
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.attach_peer(&context.peer);
+    }
+
+    async fn on_roots_list_changed(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.attach_peer(&context.peer);
+        if let Some(wrap) = &self.shared.wrap {
+            wrap.child.notify("notifications/roots/list_changed").await;
+        }
+    }
+
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _: Value = self
+            .forward("resources/subscribe", request, &context)
+            .await?;
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _: Value = self
+            .forward("resources/unsubscribe", request, &context)
+            .await?;
+        Ok(())
+    }
+
+    #[allow(deprecated)] // logging: deprecated by the 2026-07-28 revision, still passed on
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _: Value = self.forward("logging/setLevel", request, &context).await?;
+        Ok(())
+    }
+
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
-        self.forward("resources/list", request).await
+        self.forward("resources/list", request, &context).await
     }
 
     async fn list_resource_templates(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
-        self.forward("resources/templates/list", request).await
+        self.forward("resources/templates/list", request, &context)
+            .await
     }
 
     async fn read_resource(
         &self,
         request: rmcp::model::ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
         let result: rmcp::model::ReadResourceResult =
-            self.forward("resources/read", request).await?;
+            self.forward("resources/read", request, &context).await?;
         Ok(result.into())
     }
 
     async fn list_prompts(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
-        self.forward("prompts/list", request).await
+        self.forward("prompts/list", request, &context).await
     }
 
     async fn get_prompt(
         &self,
         request: rmcp::model::GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
-        let result: rmcp::model::GetPromptResult = self.forward("prompts/get", request).await?;
+        let result: rmcp::model::GetPromptResult =
+            self.forward("prompts/get", request, &context).await?;
         Ok(result.into())
     }
 
     async fn complete(
         &self,
         request: rmcp::model::CompleteRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CompleteResult, ErrorData> {
-        self.forward("completion/complete", request).await
+        self.forward("completion/complete", request, &context).await
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         // The control tool is deliberately not listed: a model must not see it.
-        Ok(ListToolsResult::with_all_items(self.shared.listed.clone()))
+        self.attach_host(&context);
+        Ok(ListToolsResult::with_all_items(
+            self.shared.served().listed.clone(),
+        ))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        let served = self.shared.served();
         if self.shared.wrap.is_some() {
-            return self.shared.listed.iter().find(|t| t.name == name).cloned();
+            return served.listed.iter().find(|t| t.name == name).cloned();
         }
         if name == fake::CONTROL_TOOL && self.shared.fakes.is_some() {
             return Some(control_tool());
         }
-        self.shared.catalog.get(name).map(to_tool)
+        served.catalog.get(name).map(to_tool)
     }
 
     async fn get_task(
@@ -736,8 +985,17 @@ impl ServerHandler for Handler {
             };
             return Ok(result.into());
         }
-        let Some((contract, identity)) = self
-            .shared
+        self.attach_host(&context);
+        if let Some(wrap) = &self.shared.wrap
+            && let Some(why) = wrap.listing.gone(&name)
+        {
+            // A tool the child no longer lists (or lists under a name that cannot be served):
+            // refused by name, nothing sent.
+            let outcome = Outcome::rejected(None, ErrorCode::UnknownTool, why);
+            return Ok(to_wrapped_result(wrapped::reply(&name, &outcome)).into());
+        }
+        let served = self.shared.served();
+        let Some((contract, identity)) = served
             .catalog
             .get(&name)
             .and_then(|s| Some((s.contract.clone()?, s.identity)))
@@ -757,7 +1015,7 @@ impl ServerHandler for Handler {
             .filter(|m| m.contains_key(tools::OPERATION_META))
             .unwrap_or(&context.meta.0.0);
         let mut arguments = arguments;
-        let Some(loaded) = self.shared.contracts.get(&contract) else {
+        let Some(loaded) = served.contracts.get(&contract) else {
             let outcome = Outcome::rejected(
                 None,
                 ErrorCode::UnknownTool,
@@ -783,17 +1041,32 @@ impl ServerHandler for Handler {
                 step_id,
                 rule,
             } => {
-                let outcome = self
-                    .shared
-                    .gateway
-                    .invoke(
-                        caller,
+                let arguments = Value::Object(arguments);
+                // The child's progress for this call reaches the host under the host's token
+                // while the host waits.
+                let _waiting = match (&self.shared.wrap, context.meta.get_progress_token()) {
+                    (Some(wrap), Some(token)) => Some(wrap.child.expect_progress(
                         &contract,
-                        workflow_id,
-                        step_id,
-                        Value::Object(arguments),
-                    )
-                    .await;
+                        &arguments,
+                        serde_json::to_value(token).unwrap_or(Value::Null),
+                    )),
+                    _ => None,
+                };
+                let invoke =
+                    self.shared
+                        .gateway
+                        .invoke(caller, &contract, workflow_id, step_id, arguments);
+                // A cancelled request stops the wait, never the effect: the delivery runs
+                // detached to a settled record (DESIGN §3), which a repeat then reads.
+                let outcome = tokio::select! {
+                    outcome = invoke => outcome,
+                    () = context.ct.cancelled() => {
+                        return Err(ErrorData::internal_error(
+                            "the request was cancelled; the operation settles on its own",
+                            None,
+                        ));
+                    }
+                };
                 (outcome, rule)
             }
         };

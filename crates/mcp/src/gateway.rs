@@ -5,7 +5,7 @@
 //! service at `/mcp`, so both faces share one executor, one store and one set of downstreams.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::Downstream;
@@ -80,6 +80,12 @@ struct Tool {
 pub struct LocalGateway {
     executor: Executor,
     environment: String,
+    /// Mutable only through [`LocalGateway::serve_tool`] (`idemgate wrap`, whose child may
+    /// change its tool list); read briefly, never held across an await.
+    served: RwLock<Served>,
+}
+
+struct Served {
     order: Vec<Arc<Contract>>,
     tools: BTreeMap<String, Tool>,
 }
@@ -113,9 +119,37 @@ impl LocalGateway {
         Ok(LocalGateway {
             executor,
             environment: environment.into(),
-            order: contracts,
-            tools,
+            served: RwLock::new(Served {
+                order: contracts,
+                tools,
+            }),
         })
+    }
+
+    /// Serves `contract` with `downstream` from now on, in place of a contract of the same
+    /// name (listed at its old place) or after the others. A tool is never taken away: records
+    /// of a tool the child stopped listing still resolve for status reads and recovery.
+    pub fn serve_tool(&self, contract: Arc<Contract>, downstream: Arc<dyn Downstream>) {
+        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+        match served.order.iter_mut().find(|c| c.name == contract.name) {
+            Some(slot) => *slot = contract.clone(),
+            None => served.order.push(contract.clone()),
+        }
+        served.tools.insert(
+            contract.name.clone(),
+            Tool {
+                contract,
+                downstream,
+            },
+        );
+    }
+
+    fn resolved(&self, tool: &str) -> Option<(Arc<Contract>, Arc<dyn Downstream>)> {
+        let served = self.served.read().unwrap_or_else(|e| e.into_inner());
+        served
+            .tools
+            .get(tool)
+            .map(|t| (t.contract.clone(), t.downstream.clone()))
     }
 
     pub fn executor(&self) -> &Executor {
@@ -129,9 +163,7 @@ impl LocalGateway {
 
 impl Tools for LocalGateway {
     fn resolve(&self, tool: &str) -> Option<(Arc<Contract>, Arc<dyn Downstream>)> {
-        self.tools
-            .get(tool)
-            .map(|t| (t.contract.clone(), t.downstream.clone()))
+        self.resolved(tool)
     }
 }
 
@@ -146,7 +178,11 @@ fn store_down(key: &OperationKey, e: &impl std::fmt::Display) -> Outcome {
 
 impl Gateway for LocalGateway {
     fn tools(&self) -> Vec<Arc<Contract>> {
-        self.order.clone()
+        self.served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .order
+            .clone()
     }
 
     fn environment(&self) -> &str {
@@ -173,7 +209,7 @@ impl Gateway for LocalGateway {
         arguments: Value,
     ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let Some(t) = self.tools.get(tool) else {
+            let Some((contract, downstream)) = self.resolved(tool) else {
                 return Outcome::rejected(
                     None,
                     ErrorCode::UnknownTool,
@@ -189,12 +225,7 @@ impl Gateway for LocalGateway {
             // Detached: a host that cancels the call (or closes the stream) stops waiting; the
             // claimed execution runs to a settled state on its own task.
             self.executor
-                .execute_detached(
-                    t.contract.clone(),
-                    operation,
-                    Arc::new(arguments),
-                    t.downstream.clone(),
-                )
+                .execute_detached(contract, operation, Arc::new(arguments), downstream)
                 .await
         })
     }
@@ -217,9 +248,9 @@ impl Gateway for LocalGateway {
                 Ok(None) => return None,
                 Err(e) => return Some(store_down(key, &e)),
             };
-            let tool = self.tools.get(&record.tool);
-            let contract = tool.map(|t| t.contract.as_ref());
-            let effect = tool.map(|t| t.downstream.as_ref());
+            let tool = self.resolved(&record.tool);
+            let contract = tool.as_ref().map(|(c, _)| c.as_ref());
+            let effect = tool.as_ref().map(|(_, d)| d.as_ref());
             // The stored result is handed out like a replay: the caller is rechecked first.
             match self.executor.status(contract, key, effect, caller).await {
                 Ok(Some(StatusRead::Found { outcome, .. } | StatusRead::Denied(outcome))) => {

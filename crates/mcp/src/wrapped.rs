@@ -10,10 +10,15 @@
 //! - **Answers.** The child's content blocks first, as it answered them (on a replay, as it
 //!   answered the first time), then one text block with the sentence for the model. `isError`
 //!   is set for `rejected`, `unknown`, and a stored answer the child marked `isError`.
-//! - **Everything else** — resources, prompts, completion — goes to the child unchanged
-//!   through [`Passthrough::forward`].
+//! - **Everything else** — resources, prompts, completion, subscriptions, the log level —
+//!   goes to the child unchanged through [`Passthrough::forward`]. What the child sends the
+//!   host (log messages, progress, resource updates, list changes, sampling, elicitation and
+//!   roots requests) comes back through the [`Host`] the adapter attaches.
+//! - **A changing tool list.** The child's tools are read again when it says they changed;
+//!   wrap republishes them in a [`Listing`], which the adapter serves from then on: a tool
+//!   that left the child's list is refused by name ([`Listing::gone`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use idemgate_core::contract::{Contract, EffectClass};
 use idemgate_core::outcome::{Outcome, Status};
@@ -30,14 +35,41 @@ pub struct Forwarded {
     pub data: Option<Value>,
 }
 
+/// The host, as `wrap` sees it: the adapter's connection to whoever launched wrap.
+pub trait Host: Send + Sync + 'static {
+    /// One notification for the host (`notifications/message`, `notifications/progress`,
+    /// `notifications/resources/updated`, `notifications/*/list_changed`); sent in the
+    /// background, never waited for.
+    fn notify(&self, method: &str, params: Value);
+    /// One request for the host (`sampling/createMessage`, `elicitation/create`,
+    /// `roots/list`): its answer, or a JSON-RPC error when the host did not declare the
+    /// capability or could not be asked.
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, Forwarded>>;
+}
+
+/// Held while the host waits for one wrapped call; dropped when it stops waiting.
+pub type Waiting = Box<dyn std::any::Any + Send + Sync>;
+
 /// The child, as the MCP face of `wrap` sees it.
 pub trait Passthrough: Send + Sync + 'static {
+    /// The host is connected: the child's notifications and requests go to it from now on.
+    fn attach(&self, host: std::sync::Arc<dyn Host>);
+    /// The host called `tool` with `arguments` and asked for progress under `token`: the
+    /// child's progress for that call reaches the host under it while the result lives.
+    fn expect_progress(&self, tool: &str, arguments: &Value, token: Value) -> Waiting;
+    /// One notification of the host for the child (`notifications/roots/list_changed`).
+    fn notify<'a>(&'a self, method: &'a str) -> BoxFuture<'a, ()>;
     /// The child's `capabilities` from its `initialize` answer.
     fn capabilities(&self) -> Value;
     /// The child's `instructions`, if it gave any.
     fn instructions(&self) -> Option<String>;
     /// One request passed to the child unchanged: `resources/list`, `resources/read`,
-    /// `resources/templates/list`, `prompts/list`, `prompts/get`, `completion/complete`.
+    /// `resources/templates/list`, `resources/subscribe`, `resources/unsubscribe`,
+    /// `prompts/list`, `prompts/get`, `completion/complete`, `logging/setLevel`.
     fn forward<'a>(
         &'a self,
         method: &'a str,
@@ -45,19 +77,88 @@ pub trait Passthrough: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Value, Forwarded>>;
 }
 
-/// What `idemgate wrap` hands the adapter: the child, and its tools as they are listed here
-/// (each already through [`listed`]).
+/// What `idemgate wrap` hands the adapter: the child, and its tools as they are listed here.
 #[derive(Clone)]
 pub struct Wrap {
     pub child: std::sync::Arc<dyn Passthrough>,
-    pub tools: Vec<Map<String, Value>>,
+    pub listing: std::sync::Arc<Listing>,
 }
 
 impl std::fmt::Debug for Wrap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wrap")
-            .field("tools", &self.tools.len())
+            .field("tools", &self.listing.tools().len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The child's tools as served now, republished whenever the child's list changes. Each tool
+/// is already through [`listed`], and each has its contract served by the gateway before it
+/// appears here.
+#[derive(Debug, Default)]
+pub struct Listing {
+    inner: std::sync::RwLock<Listed>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Listed {
+    generation: u64,
+    tools: Vec<Map<String, Value>>,
+    /// Tools not served now, each with the sentence a call of it is refused with.
+    gone: BTreeMap<String, String>,
+}
+
+impl Listing {
+    pub fn new(tools: Vec<Map<String, Value>>) -> Listing {
+        Listing {
+            inner: std::sync::RwLock::new(Listed {
+                generation: 0,
+                tools,
+                gone: BTreeMap::new(),
+            }),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Listed> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Grows with every [`Listing::replace`].
+    pub fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    pub fn tools(&self) -> Vec<Map<String, Value>> {
+        self.read().tools.clone()
+    }
+
+    /// Why `tool` is not served, when it was once or was refused.
+    pub fn gone(&self, tool: &str) -> Option<String> {
+        self.read().gone.get(tool).cloned()
+    }
+
+    /// Serves `tools` from now on; `refused` names the tools left out, and why. A tool served
+    /// before and in neither list left the child's list: it is refused under `removed(tool)`.
+    pub fn replace(
+        &self,
+        tools: Vec<Map<String, Value>>,
+        refused: BTreeMap<String, String>,
+        removed: impl Fn(&str) -> String,
+    ) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let name = |t: &Map<String, Value>| t.get("name").and_then(Value::as_str).map(String::from);
+        let now: BTreeSet<String> = tools.iter().filter_map(name).collect();
+        let mut gone = std::mem::take(&mut inner.gone);
+        for before in inner.tools.iter().filter_map(name) {
+            if !now.contains(&before) {
+                gone.insert(before.clone(), removed(&before));
+            }
+        }
+        gone.retain(|tool, _| !now.contains(tool));
+        gone.extend(refused);
+        inner.generation += 1;
+        inner.tools = tools;
+        inner.gone = gone;
     }
 }
 
@@ -77,27 +178,47 @@ pub enum Error {
 
 /// Checks the child's tool names: each present, once, and none of idemgate's own.
 pub fn check_names(child: &str, tools: &[Map<String, Value>]) -> Result<(), Error> {
+    match refused_names(child, tools).into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Every reason [`check_names`] would refuse the list for, in listing order: a list read
+/// again after a change keeps the tools that pass and leaves out those named here.
+pub fn refused_names(child: &str, tools: &[Map<String, Value>]) -> Vec<Error> {
+    let mut refused = Vec::new();
     let mut seen = BTreeSet::new();
     for tool in tools {
         let Some(name) = tool.get("name").and_then(Value::as_str) else {
-            return Err(Error::Unnamed {
+            refused.push(Error::Unnamed {
                 child: child.into(),
             });
+            continue;
         };
         if RESERVED_TOOLS.contains(&name) {
-            return Err(Error::Reserved {
+            refused.push(Error::Reserved {
                 child: child.into(),
                 tool: name.into(),
             });
-        }
-        if !seen.insert(name.to_string()) {
-            return Err(Error::Duplicate {
+        } else if !seen.insert(name.to_string()) {
+            refused.push(Error::Duplicate {
                 child: child.into(),
                 tool: name.into(),
             });
         }
     }
-    Ok(())
+    refused
+}
+
+impl Error {
+    /// The tool the error names, if it names one.
+    pub fn tool(&self) -> Option<&str> {
+        match self {
+            Error::Reserved { tool, .. } | Error::Duplicate { tool, .. } => Some(tool),
+            Error::Unnamed { .. } => None,
+        }
+    }
 }
 
 fn repeat_paragraph(class: EffectClass) -> &'static str {
@@ -220,6 +341,42 @@ mod tests {
             check_names("s", &twice),
             Err(Error::Duplicate { .. })
         ));
+    }
+
+    #[test]
+    fn a_tool_that_leaves_the_list_is_refused_by_name_until_it_comes_back() {
+        let listing = Listing::new(vec![map(json!({"name": "a"})), map(json!({"name": "b"}))]);
+        assert_eq!(listing.gone("b"), None);
+        let removed = |t: &str| format!("`{t}` left");
+        let mut refused = BTreeMap::new();
+        refused.insert("c".to_string(), "`c` collides".to_string());
+        listing.replace(vec![map(json!({"name": "a"}))], refused, removed);
+        assert_eq!(listing.generation(), 1);
+        assert_eq!(listing.gone("b").as_deref(), Some("`b` left"));
+        assert_eq!(listing.gone("c").as_deref(), Some("`c` collides"));
+        assert_eq!(listing.gone("a"), None);
+        // Back in the list: served again, no longer refused; what left before stays refused.
+        listing.replace(
+            vec![map(json!({"name": "a"})), map(json!({"name": "c"}))],
+            BTreeMap::new(),
+            removed,
+        );
+        assert_eq!(listing.gone("c"), None);
+        assert_eq!(listing.gone("b").as_deref(), Some("`b` left"));
+        assert_eq!(listing.tools().len(), 2);
+    }
+
+    #[test]
+    fn every_colliding_name_is_reported_with_its_tool() {
+        let tools = [
+            map(json!({"name": "a"})),
+            map(json!({"name": tools::STATUS_TOOL})),
+            map(json!({"name": "a"})),
+            map(json!({"name": "b"})),
+        ];
+        let refused = refused_names("srv", &tools);
+        let named: Vec<_> = refused.iter().map(|e| e.tool()).collect();
+        assert_eq!(named, [Some(tools::STATUS_TOOL), Some("a")]);
     }
 
     #[test]

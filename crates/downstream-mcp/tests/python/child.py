@@ -12,6 +12,19 @@ Tools:
 - `get_ticket(number)` — `readOnlyHint`: counts reads in `<effects>.reads`, no effect.
 - `purge_tickets()` — `destructiveHint`: one effect, approval required by default.
 - with `--collide`: also `idemgate_operation_status`, the name of idemgate's own tool.
+- with `--events`, tools that talk back to the host during a call:
+  - `slow_ticket(subject)` — logs, reports progress three times, then one effect.
+  - `summarize_ticket(subject)` — asks the host's model (sampling), then one effect naming
+    the model's answer.
+  - `ticket_roots()` — asks the host for its roots (read-only).
+  - `confirm_ticket(subject)` — asks the host's user for a priority (elicitation), then one
+    effect naming it, or none when the user declines.
+  - `later_ticket(subject, seconds)` — waits, then one effect (for a cancelled call).
+  - `add_tool()` / `drop_tool(name)` — change the tool list and say so (tools/list_changed);
+    `add_tool` adds `late_ticket(subject)` (one effect) and, with `collide`, a tool with the
+    name of idemgate's own.
+  - a resource `tickets://slow` that answers after 30 s, and writes `<effects>.cancelled` when
+    its request is cancelled; completion of the prompt `triage`'s `subject`.
 A resource `tickets://count` and a prompt `triage` test the pass-through.
 """
 
@@ -28,6 +41,7 @@ from mcp_types import ToolAnnotations
 parser = argparse.ArgumentParser()
 parser.add_argument("--effects", required=True)
 parser.add_argument("--collide", action="store_true")
+parser.add_argument("--events", action="store_true")
 args = parser.parse_args()
 
 EFFECTS = Path(args.effects)
@@ -84,6 +98,96 @@ if args.collide:
     @server.tool(name="idemgate_operation_status", description="Collides with idemgate's tool.")
     def collide() -> str:
         return "collision"
+
+
+if args.events:
+    import warnings
+
+    import anyio
+    from mcp.server.mcpserver import Context
+    from mcp_types import Completion, PromptReference, SamplingMessage, TextContent
+    from pydantic import BaseModel
+
+    class Priority(BaseModel):
+        priority: str
+
+    # Logging, sampling and roots are deprecated by the 2026-07-28 revision; wrap speaks the
+    # handshake revision to its child, where they are current.
+    warnings.simplefilter("ignore")
+
+    @server.tool(description="Opens a ticket slowly, telling how far it got.")
+    async def slow_ticket(subject: str, ctx: Context) -> str:
+        await ctx.info(f"opening a ticket about {subject}")
+        for step in (1, 2, 3):
+            await ctx.report_progress(step, 3, f"step {step} of 3")
+            await anyio.sleep(0.05)
+        n = effect("slow", subject)
+        return f"ticket T-{n} opened slowly: {subject}"
+
+    @server.tool(description="Opens a ticket with a summary written by the host's model.")
+    async def summarize_ticket(subject: str, ctx: Context) -> str:
+        answer = await ctx.session.create_message(
+            [SamplingMessage(role="user", content=TextContent(type="text", text=f"Summarize: {subject}"))],
+            max_tokens=20)
+        summary = answer.content.text
+        n = effect("summary", summary)
+        return f"ticket T-{n} opened: {summary}"
+
+    @server.tool(description="Lists the host's roots.", annotations=ToolAnnotations(read_only_hint=True))
+    async def ticket_roots(ctx: Context) -> str:
+        roots = await ctx.session.list_roots()
+        return " ".join(str(r.uri) for r in roots.roots)
+
+    @server.tool(description="Opens a ticket at the priority the user gives.")
+    async def confirm_ticket(subject: str, ctx: Context) -> str:
+        answer = await ctx.elicit(f"Priority of {subject}?", schema=Priority)
+        if answer.action != "accept":
+            return f"not opened: {answer.action}"
+        n = effect("confirmed", f"{subject}:{answer.data.priority}")
+        return f"ticket T-{n} opened at {answer.data.priority}: {subject}"
+
+    @server.tool(description="Opens a ticket after a pause.")
+    async def later_ticket(subject: str, seconds: float) -> str:
+        await anyio.sleep(seconds)
+        n = effect("later", subject)
+        return f"ticket T-{n} opened later: {subject}"
+
+    def late_ticket(subject: str) -> str:
+        """Opens a ticket, with a tool added at run time."""
+        n = effect("late", subject)
+        return f"ticket T-{n} opened late: {subject}"
+
+    def late_collision() -> str:
+        return "collision"
+
+    @server.tool(description="Adds the tool late_ticket (and, with collide, a colliding one).")
+    async def add_tool(ctx: Context, collide: bool = False) -> str:
+        server.add_tool(late_ticket, description="Opens a ticket, added at run time.")
+        if collide:
+            server.add_tool(late_collision, name="idemgate_operation_status", description="Collides.")
+        await ctx.session.send_tool_list_changed()
+        return "added"
+
+    @server.resource("tickets://slow")
+    async def slow_resource() -> str:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            Path(f"{EFFECTS}.cancelled").write_text("slow")
+            raise
+        return "slow"
+
+    @server.completion()
+    async def complete(ref, argument, _context):
+        if isinstance(ref, PromptReference) and argument.name == "subject":
+            return Completion(values=[s for s in ("printer", "projector") if s.startswith(argument.value)])
+        return None
+
+    @server.tool(description="Removes a tool.")
+    async def drop_tool(name: str, ctx: Context) -> str:
+        server.remove_tool(name)
+        await ctx.session.send_tool_list_changed()
+        return f"removed {name}"
 
 
 @server.resource("tickets://count")

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
@@ -76,16 +76,24 @@ class World:
             rows = db.execute("SELECT tool, status FROM operations").fetchall()
         return [r for r in rows if tool is None or r[0] == tool]
 
-    def args(self, *extra: str) -> list[str]:
+    def args(self, *extra: str, child: tuple[str, ...] = ()) -> list[str]:
         return ["wrap", "--store", f"sqlite://{self.store}", *extra, "--",
-                PYTHON, str(CHILD), "--effects", str(self.effects_file)]
+                PYTHON, str(CHILD), "--effects", str(self.effects_file), *child]
 
     @contextlib.asynccontextmanager
-    async def connect(self, *extra: str) -> AsyncIterator[Client]:
-        params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra),
+    async def connect(self, *extra: str, child: tuple[str, ...] = (), stderr: Path | None = None,
+                      **client: Any) -> AsyncIterator[Client]:
+        """`client` goes to the SDK's Client: callbacks, and `mode` ("legacy" for the
+        initialize handshake that the hosts people use today speak). `stderr`: a file that
+        receives wrap's stderr."""
+        params = StdioServerParameters(command=str(IDEMGATE), args=self.args(*extra, child=child),
                                        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
-        async with Client(params) as client:
-            yield client
+        with contextlib.ExitStack() as files:
+            server: Any = params
+            if stderr is not None:
+                server = stdio_client(params, errlog=files.enter_context(stderr.open("w")))
+            async with Client(server, **client) as client_:
+                yield client_
 
 
 @pytest.fixture
@@ -340,10 +348,13 @@ async def test_an_over_long_argument_is_refused_naming_the_tool_and_child(world:
     assert [t for t, _ in world.records()] == ["create_ticket"]
 
 
-def run_wrap(*command: str, extra: tuple[str, ...] = (), store: Path) -> subprocess.CompletedProcess:
+def run_wrap(*command: str, extra: tuple[str, ...] = (), store: Path,
+             start_timeout: str = "3s") -> subprocess.CompletedProcess:
+    """A child that does start (a Python MCP server: several seconds on a loaded machine) gets
+    `start_timeout="20s"`; 3 s keeps the cases that never answer short."""
     return subprocess.run([str(IDEMGATE), "wrap", "--store", f"sqlite://{store}",
-                           "--start-timeout", "3s", *extra, "--", *command],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+                           "--start-timeout", start_timeout, *extra, "--", *command],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
 
 
 @pytest.mark.parametrize("case", ["exits", "not_mcp", "missing", "collides"])
@@ -354,7 +365,7 @@ def test_a_bad_child_is_a_clear_error_naming_it(world: World, case: str):
         "missing": [str(world.tmp / "no-such-server")],
         "collides": [PYTHON, str(CHILD), "--effects", str(world.effects_file), "--collide"],
     }[case]
-    done = run_wrap(*command, store=world.store)
+    done = run_wrap(*command, store=world.store, start_timeout="20s" if case == "collides" else "3s")
     assert done.returncode == 2, done
     assert done.stdout == "", "nothing but the protocol on stdout"
     message = done.stderr
@@ -373,7 +384,7 @@ def test_a_contract_naming_no_tool_of_the_child_is_an_error(world: World):
     contract = world.tmp / "stray.yaml"
     contract.write_text((ROOT / "contracts" / "tickets.create.yaml").read_text())
     done = run_wrap(PYTHON, str(CHILD), "--effects", str(world.effects_file),
-                    extra=("--contracts", str(contract)), store=world.store)
+                    extra=("--contracts", str(contract)), store=world.store, start_timeout="20s")
     assert done.returncode == 2, done
     assert "names no tool of the child" in done.stderr and "create_ticket" in done.stderr, done.stderr
 
@@ -461,3 +472,208 @@ async def test_the_documented_snippets_launch_as_written(world: World, tmp_path:
     # Without --store or --config the store is one file per command line in the data dir.
     stores = list((home / ".local/share/idemgate/wrap").glob("python-*.sqlite"))
     assert len(stores) == 1, stores
+
+
+# ---------------------------------------------------------------------------------------------
+# What passes between the child and the host besides tool calls (the child with `--events`).
+
+EVENTS = ("--events",)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_childs_log_and_progress_during_a_call_reach_the_host(world: World, mode: str):
+    logs: list[Any] = []
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params)
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    step = meta("slow")
+    async with world.connect(child=EVENTS, mode=mode, logging_callback=on_log) as client:
+        result = await client.call_tool("slow_ticket", {"subject": "printer"}, meta=step,
+                                        progress_callback=on_progress)
+        assert result.structured_content["status"] == "applied", result.structured_content
+        await wait_for(lambda: len(progress) == 3 and len(logs) == 1, seconds=5)
+        # A replay performs nothing, so nothing reports progress.
+        again = await client.call_tool("slow_ticket", {"subject": "printer"}, meta=step,
+                                       progress_callback=on_progress)
+        assert again.structured_content["status"] == "replayed"
+    assert progress == [(1, 3, "step 1 of 3"), (2, 3, "step 2 of 3"), (3, 3, "step 3 of 3")]
+    assert "opening a ticket about printer" in str(logs[0].data)
+    assert world.effects("slow") == ["slow\tprinter"]
+
+
+def sampled(answer: str, asked: list[str]):
+    async def sampling(_ctx: Any, params: Any) -> Any:
+        from mcp_types import CreateMessageResult, TextContent
+        asked.append(params.messages[0].content.text)
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text=answer),
+                                   model="host-model")
+    return sampling
+
+
+def elicited(priority: str, asked: list[str]):
+    async def elicitation(_ctx: Any, params: Any) -> Any:
+        from mcp_types import ElicitResult
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"priority": priority})
+    return elicitation
+
+
+@pytest.mark.parametrize("kind", ["sampling", "elicitation"])
+async def test_a_childs_request_is_answered_by_the_host_and_the_effect_happens_once(world: World, kind: str):
+    """The child asks the host's model (sampling) or user (elicitation) in the middle of a
+    call; the answer decides the effect. The host is asked once, for the one effect; the
+    replay asks nobody."""
+    asked: list[str] = []
+    tool, callbacks, question, answered, effect = {
+        "sampling": ("summarize_ticket", {"sampling_callback": sampled("paper jam", asked)},
+                     "Summarize: printer", "opened: paper jam", "summary\tpaper jam"),
+        "elicitation": ("confirm_ticket", {"elicitation_callback": elicited("high", asked)},
+                        "Priority of printer?", "opened at high: printer", "confirmed\tprinter:high"),
+    }[kind]
+    step = meta(kind)
+    async with world.connect(child=EVENTS, mode="legacy", **callbacks) as client:
+        statuses = []
+        for _ in range(2):
+            result = await client.call_tool(tool, {"subject": "printer"}, meta=step)
+            statuses.append(result.structured_content["status"])
+            assert answered in result.content[0].text, result.content
+        assert statuses == ["applied", "replayed"]
+    assert asked == [question]
+    assert world.effects() == [effect]
+
+
+async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_child(world: World):
+    # No sampling callback: the host declares no `sampling`, so the child's request gets a
+    # JSON-RPC error naming the capability, and the child's tool fails before its effect.
+    async with world.connect(child=EVENTS, mode="legacy") as client:
+        result = await client.call_tool("summarize_ticket", {"subject": "x"}, meta=meta("nosampling"))
+    assert result.is_error
+    assert "sampling" in result.content[0].text, result.content
+    assert world.effects("summary") == []
+
+
+async def test_a_childs_roots_request_is_answered_by_the_host(world: World):
+    from mcp_types import ListRootsResult, Root
+
+    async def roots(_ctx: Any) -> Any:
+        return ListRootsResult(roots=[Root(uri="file:///work/tickets", name="tickets")])
+
+    async with world.connect(child=EVENTS, mode="legacy", list_roots_callback=roots) as client:
+        result = await client.call_tool("ticket_roots", {})
+    assert not result.is_error, result.content
+    assert result.content[0].text == "file:///work/tickets"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_tool_the_child_adds_is_served_through_the_executor_and_a_removed_one_refused(
+        world: World, mode: str):
+    from mcp_types import ToolListChangedNotification
+    changes: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            changes.append(message)
+
+    stderr = world.tmp / "wrap.stderr"
+    async with world.connect(child=EVENTS, mode=mode, message_handler=on_message, stderr=stderr) as client:
+        assert "late_ticket" not in [t.name for t in (await client.list_tools()).tools]
+        await client.call_tool("add_tool", {}, meta=meta("add"))
+        await wait_for(lambda: len(changes) == 1, seconds=10)
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "late_ticket" in tools
+        assert tools["late_ticket"].meta["io.idemgate/contract"]["effect_class"] == "key_based"
+        assert "repeat_of" in tools["late_ticket"].input_schema["properties"]
+        step = meta("late")
+        statuses = []
+        for _ in range(2):
+            result = await client.call_tool("late_ticket", {"subject": "late"}, meta=step)
+            statuses.append(result.structured_content["status"])
+        assert statuses == ["applied", "replayed"]
+        # The same tool added again: listed once, warned about once.
+        await client.call_tool("add_tool", {}, meta=meta("add-again"))
+        await wait_for(lambda: len(changes) == 2, seconds=10)
+        assert [t.name for t in (await client.list_tools()).tools].count("late_ticket") == 1
+        # A tool the child drops is refused by name, and nothing reaches the child.
+        await client.call_tool("drop_tool", {"name": "create_ticket"}, meta=meta("drop"))
+        await wait_for(lambda: len(changes) == 3, seconds=10)
+        assert "create_ticket" not in [t.name for t in (await client.list_tools()).tools]
+        gone = await client.call_tool("create_ticket", {"subject": "gone"}, meta=meta("gone"))
+        assert gone.is_error
+        error = gone.structured_content["error"]
+        assert error["code"] == "unknown_tool", error
+        assert "create_ticket" in error["message"] and "no longer offered" in error["message"], error
+        # A name that now collides with idemgate's own tool is left out; the rest stays served.
+        await client.call_tool("add_tool", {"collide": True}, meta=meta("collide"))
+        await wait_for(lambda: len(changes) == 4, seconds=10)
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert names.count(STATUS) == 1 and "late_ticket" in names
+        # idemgate's own status tool still answers, reading the late tool's record.
+        status = await client.call_tool(STATUS, {"operation_key": result.structured_content["operation_key"]})
+        assert status.structured_content["status"] == "replayed", status.structured_content
+        assert status.structured_content["effect_reference"] == "late_ticket#1"
+    assert world.effects("late") == ["late\tlate"]
+    assert world.effects("create") == []
+    assert world.records("late_ticket") == [("late_ticket", "applied")]
+    err = stderr.read_text()
+    assert err.count("tool `late_ticket` of") == 1, err
+    assert re.search(r"tool `idemgate_operation_status` of the child .*idemgate's own tool", err), err
+
+
+async def test_a_cancelled_call_stops_the_wait_and_its_record_still_settles(world: World):
+    step = meta("later")
+    arguments = {"subject": "cancelled", "seconds": 1.5}
+    async with world.connect(child=EVENTS) as client:
+        with anyio.move_on_after(0.5) as scope:
+            await client.call_tool("later_ticket", arguments, meta=step)
+        assert scope.cancelled_caught
+        # The host stopped waiting; the child's call was not cancelled: one effect, and the
+        # record settles to the child's answer, which a repeat replays.
+        await wait_for(lambda: world.records("later_ticket") == [("later_ticket", "applied")])
+        again = await client.call_tool("later_ticket", arguments, meta=step)
+        assert again.structured_content["status"] == "replayed", again.structured_content
+        assert "opened later: cancelled" in again.content[0].text
+    assert world.effects("later") == ["later\tcancelled"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_ping_completion_resources_prompts_and_cancellation_pass_through(world: World, mode: str):
+    from mcp_types import PromptReference
+    async with world.connect(child=EVENTS, mode=mode) as client:
+        if mode == "legacy":
+            # `ping` exists on the handshake revision only; each hop answers its own.
+            await client.send_ping()
+        read = await client.read_resource("tickets://count")
+        assert read.contents[0].text == "0"
+        prompt = await client.get_prompt("triage", {"subject": "scanner"})
+        assert "scanner" in prompt.messages[0].content.text
+        completed = await client.complete(PromptReference(type="ref/prompt", name="triage"),
+                                          {"name": "subject", "value": "pr"})
+        assert completed.completion.values == ["printer", "projector"]
+        # A cancelled read is cancelled at the child too.
+        with anyio.move_on_after(1):
+            await client.read_resource("tickets://slow")
+        await wait_for(lambda: Path(f"{world.effects_file}.cancelled").exists(), seconds=10)
+        # The connection serves on.
+        assert (await client.read_resource("tickets://count")).contents[0].text == "0"
+
+
+async def test_a_host_on_the_stateless_revision_cannot_be_asked_and_the_child_gets_an_error(world: World):
+    # A host speaking 2026-07-28 (the SDK's default, `mode="auto"`) takes no server-to-client
+    # request; wrap does not turn one into an `input_required` result (docs/mcp.md), so the
+    # child's sampling request fails, its tool answers an error, and nothing happened.
+    asked: list[str] = []
+    async with world.connect(child=EVENTS, sampling_callback=sampled("unused", asked)) as client:
+        assert client.protocol_version == "2026-07-28"
+        result = await client.call_tool("summarize_ticket", {"subject": "x"}, meta=meta("modern"))
+    # The child answered with a JSON-RPC error rather than a tool result: for a black box
+    # that proves nothing, so the operation is `unknown`, and the reason names the capability.
+    assert result.is_error
+    assert result.structured_content["status"] == "unknown", result.structured_content
+    assert "`sampling/createMessage` cannot be passed to it" in json.dumps(result.structured_content)
+    assert asked == []
+    assert world.effects("summary") == []
