@@ -13,8 +13,9 @@
 //!   caller. The fsync per commit is shared by every write in it; a caller alone commits its
 //!   own write on its own thread. [`Stats`] counts commits and commands.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), the claim that first checks for a
-//!   duplicate intent, compare-and-set transitions, event appends and the retention sweep of
-//!   one environment, each run inside the writer's transaction; the caller's
+//!   duplicate intent, compare-and-set transitions, event appends and the batches of a
+//!   retention sweep of one environment (at most [`SWEEP_BATCH`] rows each, one write
+//!   transaction at a time), each run inside the writer's transaction; the caller's
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
 //! - `webhooks` — the webhook deduplication table: reads, the dedup upsert, and the guard a
 //!   transition caused by an event carries, so the row and the transition commit together.
@@ -221,7 +222,43 @@ impl SqliteStore {
     fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
         self.inner.readers.with(read)
     }
+
+    /// One step of a sweep (`write::purge` or `write::compact`) over at most `limit` rows, as
+    /// writer commands of at most [`SWEEP_BATCH`] rows each, one after the other, until a batch
+    /// finds fewer rows than it may take. Every command is a write transaction of its own (or
+    /// shares one with the writes queued beside it), so the sweep holds the file's write lock
+    /// for one batch at a time and claims and transitions run between its batches. A failure
+    /// ends the sweep; what its earlier batches did stays done, and the next sweep carries on.
+    async fn in_batches(
+        &self,
+        environment: &str,
+        now: Millis,
+        limit: usize,
+        step: fn(&mut writer::Tx<'_>, &str, Millis, usize) -> Result<u64, Error>,
+    ) -> Result<u64, Error> {
+        let mut done = 0;
+        while done < limit as u64 {
+            let take = (limit - done as usize).min(SWEEP_BATCH);
+            let environment = environment.to_string();
+            let did = self
+                .inner
+                .writer
+                .submit(move |tx| step(tx, &environment, now, take))
+                .await?;
+            done += did;
+            if did < take as u64 {
+                break;
+            }
+        }
+        Ok(done)
+    }
 }
+
+/// The most rows of each kind one write transaction of a sweep purges or compacts. A batch
+/// of this size holds the write lock for some milliseconds on a file of ten million records
+/// (BENCHMARKS.md, "Cost as the store grows"), well under the 50 ms a claim may wait behind
+/// it.
+pub const SWEEP_BATCH: usize = 256;
 
 /// What [`migrate`] found and left: schema versions, 0 for a new file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,12 +451,18 @@ impl Store for SqliteStore {
         now: Millis,
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
-        let environment = environment.to_string();
-        Box::pin(
-            self.inner
-                .writer
-                .submit(move |tx| write::sweep(tx, &environment, now, limit)),
-        )
+        Box::pin(async move {
+            let mut report = SweepReport::default();
+            // Purge first, so that a record compacted by this sweep keeps its tombstone at
+            // least until the next one: a late arrival gets one sweep interval to meet it.
+            report.purged = self
+                .in_batches(environment, now, limit, write::purge)
+                .await?;
+            report.compacted = self
+                .in_batches(environment, now, limit, write::compact)
+                .await?;
+            Ok(report)
+        })
     }
 
     fn webhook<'a>(

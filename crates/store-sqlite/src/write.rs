@@ -10,7 +10,7 @@ use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
     Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row, json_text,
 };
-use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
+use idemgate_core::store::{Cas, Error, RequestUpdate, Transition};
 use rusqlite::types::Value;
 use std::sync::Arc;
 
@@ -443,20 +443,18 @@ struct Compactable {
     code: Option<String>,
 }
 
-/// One retention sweep of `environment`, by the rule in the `Store` trait's documentation.
-pub(crate) fn sweep(
+/// One batch of a retention sweep's purge step: at most `max` tombstones of `environment` past
+/// their purge time are deleted, their trace (kept in the row) with them; how many. The store
+/// runs a sweep as batches of these and of [`compact`], each one writer command (see
+/// `SqliteStore::sweep`), all the purges before the first compaction.
+pub(crate) fn purge(
     tx: &mut Tx<'_>,
     environment: &str,
     now: Millis,
     max: usize,
-) -> Result<SweepReport, Error> {
+) -> Result<u64, Error> {
     let conn = tx.conn;
-    let mut report = SweepReport::default();
-    let what = || format!("sweeping {environment} at {now}");
-
-    // Purge first, so that a record compacted by this sweep keeps its tombstone at least until
-    // the next one: a late arrival gets one sweep interval to meet the tombstone. Tombstones
-    // past their purge time go, and their trace (kept in the row) with them.
+    let what = || format!("purging {environment} at {now}");
     let gone: Vec<(String, String)> = {
         let mut stmt = conn.prepare_cached(PURGEABLE).context(what)?;
         let rows = stmt
@@ -466,13 +464,28 @@ pub(crate) fn sweep(
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
+    let mut purged = 0;
     for (tenant, key) in gone {
-        report.purged += conn
+        purged += conn
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")
             .context(what)?
             .execute(params![tenant, key])
             .context(what)? as u64;
     }
+    Ok(purged)
+}
+
+/// One batch of a retention sweep's compaction step: at most `max` settled records of
+/// `environment` past their expiry become tombstones, each with an `expired` entry; how many.
+pub(crate) fn compact(
+    tx: &mut Tx<'_>,
+    environment: &str,
+    now: Millis,
+    max: usize,
+) -> Result<u64, Error> {
+    let conn = tx.conn;
+    let mut compacted = 0;
+    let what = || format!("compacting {environment} at {now}");
 
     // Compaction.
     let due: Vec<Compactable> = {
@@ -555,7 +568,7 @@ pub(crate) fn sweep(
                 expired,
             ])
             .context(what)?;
-        report.compacted += changed as u64;
+        compacted += changed as u64;
     }
-    Ok(report)
+    Ok(compacted)
 }
