@@ -13,6 +13,7 @@ use idemgate_core::record::{
 use idemgate_core::store::{Cas, Error, RequestUpdate, Transition};
 use rusqlite::types::Value;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
@@ -443,16 +444,32 @@ struct Compactable {
     code: Option<String>,
 }
 
+/// What one batch of a sweep step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Batch {
+    /// Rows purged or compacted.
+    pub(crate) done: u64,
+    /// Whether due rows may remain: the batch took as many as it could, or stopped at its
+    /// time budget.
+    pub(crate) more: bool,
+}
+
+/// How long one batch of a sweep works before it stops, whatever its row limit: on a large
+/// file whose pages are not in memory, each row costs reads from disk, and the batch holds
+/// the write lock while it makes them. The commit comes on top.
+pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(20);
+
 /// One batch of a retention sweep's purge step: at most `max` tombstones of `environment` past
-/// their purge time are deleted, their trace (kept in the row) with them; how many. The store
-/// runs a sweep as batches of these and of [`compact`], each one writer command (see
-/// `SqliteStore::sweep`), all the purges before the first compaction.
+/// their purge time are deleted, their trace (kept in the row) with them, for at most
+/// [`SWEEP_BUDGET`]. The store runs a sweep as batches of these and of [`compact`], each one
+/// writer command (see `SqliteStore::sweep`), all the purges before the first compaction.
 pub(crate) fn purge(
     tx: &mut Tx<'_>,
     environment: &str,
     now: Millis,
     max: usize,
-) -> Result<u64, Error> {
+) -> Result<Batch, Error> {
+    let started = Instant::now();
     let conn = tx.conn;
     let what = || format!("purging {environment} at {now}");
     let gone: Vec<(String, String)> = {
@@ -465,29 +482,39 @@ pub(crate) fn purge(
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
     let mut purged = 0;
+    let found = gone.len();
     for (tenant, key) in gone {
+        if started.elapsed() >= SWEEP_BUDGET {
+            return Ok(Batch {
+                done: purged,
+                more: true,
+            });
+        }
         purged += conn
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")
             .context(what)?
             .execute(params![tenant, key])
             .context(what)? as u64;
     }
-    Ok(purged)
+    Ok(Batch {
+        done: purged,
+        more: found == max,
+    })
 }
 
 /// One batch of a retention sweep's compaction step: at most `max` settled records of
-/// `environment` past their expiry become tombstones, each with an `expired` entry; how many.
+/// `environment` past their expiry become tombstones, each with an `expired` entry, for at most
+/// [`SWEEP_BUDGET`].
 pub(crate) fn compact(
     tx: &mut Tx<'_>,
     environment: &str,
     now: Millis,
     max: usize,
-) -> Result<u64, Error> {
+) -> Result<Batch, Error> {
+    let started = Instant::now();
     let conn = tx.conn;
     let mut compacted = 0;
     let what = || format!("compacting {environment} at {now}");
-
-    // Compaction.
     let due: Vec<Compactable> = {
         let mut stmt = conn.prepare_cached(COMPACTABLE).context(what)?;
         let rows = stmt
@@ -504,6 +531,7 @@ pub(crate) fn compact(
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
+    let found = due.len();
     for Compactable {
         tenant,
         key,
@@ -513,6 +541,12 @@ pub(crate) fn compact(
         code,
     } in due
     {
+        if started.elapsed() >= SWEEP_BUDGET {
+            return Ok(Batch {
+                done: compacted,
+                more: true,
+            });
+        }
         let corrupt = |about: String| Error::Corrupt(format!("sweeping {key}: {about}"));
         let status =
             RecordStatus::parse(&status).ok_or_else(|| corrupt(format!("status `{status}`")))?;
@@ -570,5 +604,8 @@ pub(crate) fn compact(
             .context(what)?;
         compacted += changed as u64;
     }
-    Ok(compacted)
+    Ok(Batch {
+        done: compacted,
+        more: found == max,
+    })
 }
