@@ -36,7 +36,9 @@ use idemgate_core::record::{
     Digest, Dispatch, Event, EventKind, Evidence, Lease, Millis, NOT_SETTLED, Receipt, Record,
     RecordState, RecordStatus, Row,
 };
-use idemgate_core::store::{BoxFuture, Cursor, Due, Filter, Store, SweepReport, Waiting, WaitingOn};
+use idemgate_core::store::{
+    BoxFuture, Cursor, Due, Filter, Store, SweepReport, Waiting, WaitingOn,
+};
 use idemgate_engine::{Caller, Executor, Operation, Settings};
 use serde_json::{Value, json};
 
@@ -88,7 +90,10 @@ impl Kind {
     pub fn count(self, n: u64) -> u64 {
         let per_thousand = (0..1000).filter(|&r| Kind::of(r) == self).count() as u64;
         let whole = n / 1000 * per_thousand;
-        whole + (n / 1000 * 1000..n).filter(|&i| Kind::of(i) == self).count() as u64
+        whole
+            + (n / 1000 * 1000..n)
+                .filter(|&i| Kind::of(i) == self)
+                .count() as u64
     }
 }
 
@@ -189,10 +194,14 @@ pub fn row(contract: &Contract, i: u64, n: u64, now: Millis) -> (Row, Vec<Event>
         intent_window: false,
     };
     let worker = "gateway-7f3a";
-    let mut trace: Vec<Event> = [EventKind::Proposed, EventKind::Validated, EventKind::Claimed]
-        .into_iter()
-        .map(|k| Event::new(k, created_at, 1, worker))
-        .collect();
+    let mut trace: Vec<Event> = [
+        EventKind::Proposed,
+        EventKind::Validated,
+        EventKind::Claimed,
+    ]
+    .into_iter()
+    .map(|k| Event::new(k, created_at, 1, worker))
+    .collect();
     if kind != Kind::InFlight {
         trace.push(Event::new(EventKind::Sent, created_at + 5, 1, worker));
     }
@@ -469,7 +478,11 @@ pub async fn scan(store: &dyn Store, n: u64, now: Millis, rounds: usize) -> Scan
         }
     }
     let all_pages = started.elapsed();
-    assert_eq!(found, Kind::Overdue.count(n), "the scan finds every overdue record");
+    assert_eq!(
+        found,
+        Kind::Overdue.count(n),
+        "the scan finds every overdue record"
+    );
     let mut overdue = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let started = Instant::now();

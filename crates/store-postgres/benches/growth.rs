@@ -78,7 +78,9 @@ fn args() -> Args {
 /// `admin` with its database replaced by `name`.
 fn database_url(admin: &str, name: &str) -> String {
     let (scheme, rest) = admin.split_once("://").expect("a URL");
-    let (body, query) = rest.split_once('?').map_or((rest, None), |(b, q)| (b, Some(q)));
+    let (body, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(b, q)| (b, Some(q)));
     let authority = body.split_once('/').map_or(body, |(a, _)| a);
     match query {
         Some(q) => format!("{scheme}://{authority}/{name}?{q}"),
@@ -243,26 +245,38 @@ fn main() {
         println!("server {version}");
         for &n in &args.sizes {
             let name = format!("idemgate_grow_{n}");
-            admin
-                .batch_execute(&format!(
-                    "DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"
-                ))
-                .await
-                .expect("a fresh database");
+            // Two statements: neither may run inside the transaction a batch of them is.
+            for statement in [
+                format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                format!("CREATE DATABASE {name}"),
+            ] {
+                admin
+                    .batch_execute(&statement)
+                    .await
+                    .expect("a fresh database");
+            }
             let url = database_url(&args.admin, &name);
             let options = Options {
                 pool_size: args.callers,
                 ..Options::default()
             };
             // The store migrates the new database.
-            drop(PgStore::connect(&url, options.clone()).await.expect("the store migrates"));
+            drop(
+                PgStore::connect(&url, options.clone())
+                    .await
+                    .expect("the store migrates"),
+            );
             let now = SystemClock.now();
             let started = Instant::now();
             let mut loader = client(&url).await;
             load(&mut loader, n, now).await;
             let loaded = started.elapsed();
             loader
-                .batch_execute("VACUUM ANALYZE operations; VACUUM ANALYZE events")
+                .batch_execute("VACUUM ANALYZE operations")
+                .await
+                .expect("vacuum");
+            loader
+                .batch_execute("VACUUM ANALYZE events")
                 .await
                 .expect("vacuum");
             let bytes: i64 = loader
@@ -292,8 +306,11 @@ fn main() {
                 per_million(operations),
                 per_million(events),
             );
-            let store: Arc<dyn Store> =
-                Arc::new(PgStore::connect(&url, options).await.expect("the store connects"));
+            let store: Arc<dyn Store> = Arc::new(
+                PgStore::connect(&url, options)
+                    .await
+                    .expect("the store connects"),
+            );
             let queue = growth::queue_first_page(store.as_ref(), 50).await;
             println!(
                 "queue first page (100 unknown): median {} ms, max {} ms",

@@ -227,24 +227,23 @@ fn main() {
         let stats = store.stats();
         println!(
             "sweep of {} rows ({} purged, {} compacted): {} ms, {} transactions, longest write \
-             lock held {} ms; a probe's {} claims beside it took at most {} ms \
-             (longest transaction before the sweep: {} ms)",
+             lock held {} ms (of which work before COMMIT at most {} ms); a probe's {} claims \
+             beside it took at most {} ms (longest transaction before the sweep: {} ms, work {} ms)",
             swept.report.purged + swept.report.compacted,
             swept.report.purged,
             swept.report.compacted,
             ms(swept.elapsed),
             stats.commits,
             ms(stats.longest_hold),
+            ms(stats.longest_work),
             swept.probes,
             ms(swept.longest_probe),
             ms(before.longest_hold),
+            ms(before.longest_work),
         );
         drop(shared);
         drop(store);
-        println!(
-            "file after the run: {:.1} MB",
-            size(&path) as f64 / 1e6
-        );
+        println!("file after the run: {:.1} MB", size(&path) as f64 / 1e6);
         if !args.keep {
             remove(&path);
         }

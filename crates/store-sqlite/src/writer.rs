@@ -49,6 +49,10 @@ pub struct Stats {
     /// The longest any write transaction held the write lock, from taking it (`BEGIN IMMEDIATE`) to
     /// the end of its `COMMIT` or rollback: the longest a claim may have waited behind another write.
     pub longest_hold: Duration,
+    /// The longest any write transaction ran its commands, from taking the lock to sending
+    /// `COMMIT`: `longest_hold` without the commit's own write-ahead-log writes and fsync
+    /// (and the checkpoint a commit may run), which the disk decides.
+    pub longest_work: Duration,
 }
 
 #[derive(Default)]
@@ -56,6 +60,7 @@ pub(crate) struct Counters {
     commits: AtomicU64,
     commands: AtomicU64,
     longest_hold_nanos: AtomicU64,
+    longest_work_nanos: AtomicU64,
 }
 
 impl Counters {
@@ -64,6 +69,7 @@ impl Counters {
             commits: self.commits.load(Ordering::Relaxed),
             commands: self.commands.load(Ordering::Relaxed),
             longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
+            longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
         }
     }
 }
@@ -424,6 +430,10 @@ impl<'c> Open<'c> {
     /// returns.
     fn finish(mut self, counters: &Counters) -> Finished {
         let conn = self.tx.conn;
+        let worked = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counters
+            .longest_work_nanos
+            .fetch_max(worked, Ordering::Relaxed);
         let failure = if let Some(failure) = self.broken.take() {
             // Nothing in a broken transaction will commit (SQLite rolled it back itself, or a
             // savepoint statement failed), so every command fails, even those that had
@@ -454,7 +464,9 @@ impl<'c> Open<'c> {
             }
         };
         let held = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        counters.longest_hold_nanos.fetch_max(held, Ordering::Relaxed);
+        counters
+            .longest_hold_nanos
+            .fetch_max(held, Ordering::Relaxed);
         Finished {
             commands: std::mem::take(&mut self.commands),
             failure,

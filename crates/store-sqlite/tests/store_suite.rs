@@ -287,7 +287,10 @@ async fn a_large_sweep_runs_in_bounded_batches() {
     );
     // Purge: a full batch, then one of 3 that ends it; compaction: three full, one of 5. A
     // batch that runs out of its time budget first leaves the rest to one more.
-    assert!(after.commits - before.commits >= 2 + 4, "{before:?} {after:?}");
+    assert!(
+        after.commits - before.commits >= 2 + 4,
+        "{before:?} {after:?}"
+    );
     assert_eq!(
         after.commands - before.commands,
         after.commits - before.commits,
