@@ -43,7 +43,7 @@ use idemgate_engine::{Caller, Executor, Operation, Settings};
 use serde_json::{Value, json};
 
 use crate::faulty::FaultyStore;
-use crate::harness::{ENVIRONMENT, Spec, TENANT, ticket};
+use crate::harness::{ENVIRONMENT, Noop, Spec, TENANT, ticket};
 
 /// The contract every record is claimed under (the benchmarks' key-based ticket tool).
 pub fn contract() -> Arc<Contract> {
@@ -215,7 +215,7 @@ pub fn row(contract: &Contract, i: u64, n: u64, now: Millis) -> (Row, Vec<Event>
     (Row::from_record(&record), trace)
 }
 
-/// A downstream that counts its effects and commits each with the step id as its reference.
+/// [`Noop`], counting its effects.
 #[derive(Default)]
 pub struct Counting {
     effects: AtomicU64,
@@ -230,17 +230,13 @@ impl Counting {
 impl Downstream for Counting {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         self.effects.fetch_add(1, Ordering::Relaxed);
-        let receipt = Receipt {
-            reference: request.key.step_id().to_string(),
-            result: json!({"ok": true}),
-        };
-        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
+        Noop.perform(request)
     }
-    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
-        Box::pin(std::future::ready(Lookup::NotFound))
+    fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        Noop.lookup_receipt(key)
     }
-    fn poll_job<'a>(&'a self, _key: &'a OperationKey, _job: &'a str) -> BoxFuture<'a, JobStatus> {
-        Box::pin(std::future::ready(JobStatus::Running))
+    fn poll_job<'a>(&'a self, key: &'a OperationKey, job: &'a str) -> BoxFuture<'a, JobStatus> {
+        Noop.poll_job(key, job)
     }
 }
 
@@ -583,4 +579,44 @@ pub async fn sweep(store: Arc<dyn Store>, n: u64, now: Millis) -> Sweep {
 /// Formats a duration in milliseconds with two decimals.
 pub fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+/// Runs and prints, in this order, the queue's first page, the recoverer's scan, claim +
+/// finalise and replay on a store loaded with `n` records at `now`: what both stores' growth
+/// benchmarks measure before their sweep.
+pub async fn reads_and_rates(
+    store: Arc<dyn Store>,
+    n: u64,
+    now: Millis,
+    callers: usize,
+    run: Duration,
+) {
+    let queue = queue_first_page(store.as_ref(), 50).await;
+    println!(
+        "queue first page (100 unknown): median {} ms, max {} ms",
+        ms(queue.median),
+        ms(queue.max)
+    );
+    let scan = scan(store.as_ref(), n, now, 20).await;
+    println!(
+        "due first page: median {} ms, max {} ms; all {} due in {} ms; \
+         overdue queue first page: median {} ms",
+        ms(scan.first_page.median),
+        ms(scan.first_page.max),
+        scan.found,
+        ms(scan.all_pages),
+        ms(scan.overdue_page.median)
+    );
+    let claims = claims(store.clone(), callers, run, n).await;
+    println!(
+        "claim + finalise: {:.0} ops/s ({} ops)",
+        claims.per_second(),
+        claims.ops
+    );
+    let replays = replays(store, n, callers, run, n).await;
+    println!(
+        "replay from the store: {:.0} ops/s ({} ops)",
+        replays.per_second(),
+        replays.ops
+    );
 }

@@ -311,34 +311,7 @@ fn main() {
                     .await
                     .expect("the store connects"),
             );
-            let queue = growth::queue_first_page(store.as_ref(), 50).await;
-            println!(
-                "queue first page (100 unknown): median {} ms, max {} ms",
-                ms(queue.median),
-                ms(queue.max)
-            );
-            let scan = growth::scan(store.as_ref(), n, now, 20).await;
-            println!(
-                "due first page: median {} ms, max {} ms; all {} due in {} ms; \
-                 overdue queue first page: median {} ms",
-                ms(scan.first_page.median),
-                ms(scan.first_page.max),
-                scan.found,
-                ms(scan.all_pages),
-                ms(scan.overdue_page.median)
-            );
-            let claims = growth::claims(store.clone(), args.callers, run, n).await;
-            println!(
-                "claim + finalise: {:.0} ops/s ({} ops)",
-                claims.per_second(),
-                claims.ops
-            );
-            let replays = growth::replays(store.clone(), n, args.callers, run, n).await;
-            println!(
-                "replay from the store: {:.0} ops/s ({} ops)",
-                replays.per_second(),
-                replays.ops
-            );
+            growth::reads_and_rates(store.clone(), n, now, args.callers, run).await;
             let swept = growth::sweep(store.clone(), n, now).await;
             println!(
                 "sweep of {} rows ({} purged, {} compacted): {} ms; a probe's {} claims beside \

@@ -186,36 +186,13 @@ fn main() {
         );
         let store = SqliteStore::open(&path, Options::default()).expect("the store opens");
         let shared: Arc<dyn Store> = Arc::new(store.clone());
-        rt.block_on(async {
-            let queue = growth::queue_first_page(shared.as_ref(), 50).await;
-            println!(
-                "queue first page (100 unknown): median {} ms, max {} ms",
-                ms(queue.median),
-                ms(queue.max)
-            );
-            let scan = growth::scan(shared.as_ref(), n, now, 20).await;
-            println!(
-                "due first page: median {} ms, max {} ms; all {} due in {} ms; \
-                 overdue queue first page: median {} ms",
-                ms(scan.first_page.median),
-                ms(scan.first_page.max),
-                scan.found,
-                ms(scan.all_pages),
-                ms(scan.overdue_page.median)
-            );
-            let claims = growth::claims(shared.clone(), args.callers, run, n).await;
-            println!(
-                "claim + finalise: {:.0} ops/s ({} ops)",
-                claims.per_second(),
-                claims.ops
-            );
-            let replays = growth::replays(shared.clone(), n, args.callers, run, n).await;
-            println!(
-                "replay from the store: {:.0} ops/s ({} ops)",
-                replays.per_second(),
-                replays.ops
-            );
-        });
+        rt.block_on(growth::reads_and_rates(
+            shared.clone(),
+            n,
+            now,
+            args.callers,
+            run,
+        ));
         let before = store.stats();
         drop(shared);
         drop(store);

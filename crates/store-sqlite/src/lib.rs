@@ -452,16 +452,15 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         Box::pin(async move {
-            let mut report = SweepReport::default();
             // Purge first, so that a record compacted by this sweep keeps its tombstone at
             // least until the next one: a late arrival gets one sweep interval to meet it.
-            report.purged = self
+            let purged = self
                 .in_batches(environment, now, limit, write::purge)
                 .await?;
-            report.compacted = self
+            let compacted = self
                 .in_batches(environment, now, limit, write::compact)
                 .await?;
-            Ok(report)
+            Ok(SweepReport { compacted, purged })
         })
     }
 
@@ -550,6 +549,20 @@ mod tests {
             .collect::<rusqlite::Result<Vec<_>>>()
             .expect("the plan reads");
         steps.join("\n")
+    }
+
+    /// The query plan of a listing with its own values, one line per step.
+    fn listing_plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("the listing prepares");
+        stmt.query_map(rusqlite::params_from_iter(values), |r| {
+            r.get::<_, String>(3)
+        })
+        .expect("the plan runs")
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .expect("the plan reads")
+        .join("\n")
     }
 
     /// The opcodes of `sql` (with every parameter NULL).
@@ -668,17 +681,7 @@ mod tests {
                 limit: 10,
             };
             let (sql, values) = read::list_query(&filter);
-            let mut stmt = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .expect("the listing prepares");
-            let plan = stmt
-                .query_map(rusqlite::params_from_iter(values), |r| {
-                    r.get::<_, String>(3)
-                })
-                .expect("the plan runs")
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .expect("the plan reads")
-                .join("\n");
+            let plan = listing_plan(&conn, &sql, values);
             // Pending and applied rows are not in the listing index; every other status is, and
             // a listing of it must not scan the table. Pending rows are read from the due
             // index, a range of it when the environment is given; applied rows in key order
@@ -723,17 +726,7 @@ mod tests {
                     limit: 0,
                 };
                 let (sql, values) = read::list_query(&filter);
-                let mut stmt = conn
-                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                    .expect("the listing prepares");
-                let plan = stmt
-                    .query_map(rusqlite::params_from_iter(values), |r| {
-                        r.get::<_, String>(3)
-                    })
-                    .expect("the plan runs")
-                    .collect::<rusqlite::Result<Vec<_>>>()
-                    .expect("the plan reads")
-                    .join("\n");
+                let plan = listing_plan(&conn, &sql, values);
                 let range = match after {
                     None => "(tenant=? AND environment=? AND status=?)",
                     Some(_) => "(tenant=? AND environment=? AND status=? AND key>?)",
