@@ -15,11 +15,14 @@
 //! - [`audit_suite`] — the audit log's contract: entries only with their transitions, one
 //!   chain under concurrent appenders.
 //! - [`store_suite`] — the `Store` trait's contract, run against every store.
+//! - [`growth`] — cost as the store grows: the rows each store's growth benchmark bulk-loads,
+//!   and the operations it measures at each size.
 
 pub mod audit_suite;
 pub mod downstream;
 pub mod faulty;
 pub mod gate;
+pub mod growth;
 pub mod harness;
 #[cfg(feature = "http")]
 pub mod http_fake;

@@ -128,6 +128,9 @@ const PLANNER_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
 /// Written as the worker of the `expired` events the sweep appends.
 const SWEEPER: &str = "sweeper";
 
+/// The most rows of each kind one statement of a sweep purges or compacts.
+pub const SWEEP_BATCH: usize = 1000;
+
 /// Listing page size when the filter asks for none, and the most a page may hold.
 const DEFAULT_PAGE: usize = 100;
 const MAX_PAGE: usize = 1000;
@@ -653,19 +656,57 @@ impl PgStore {
         if limit == 0 {
             return Ok(SweepReport::default());
         }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut report = SweepReport::default();
+        // All the purges before the first compaction, so that a record compacted by this sweep
+        // keeps its tombstone until the next one (see `sql::SWEEP`). Each batch is a statement
+        // of its own, which bounds how long it runs and holds its row locks: one statement
+        // over a limit of 15 000 rows per kind overran the default statement timeout on a
+        // database of three million records (BENCHMARKS.md, "Cost as the store grows").
+        let mut left = limit;
+        while left > 0 {
+            let take = left.min(SWEEP_BATCH);
+            let purged = self.sweep_batch(environment, now, take, 0).await?.purged;
+            report.purged += purged;
+            if purged < take as u64 {
+                break;
+            }
+            left -= take;
+        }
+        let mut left = limit;
+        while left > 0 {
+            let take = left.min(SWEEP_BATCH);
+            let compacted = self.sweep_batch(environment, now, 0, take).await?.compacted;
+            report.compacted += compacted;
+            if compacted < take as u64 {
+                break;
+            }
+            left -= take;
+        }
+        Ok(report)
+    }
+
+    /// One statement of a sweep: at most `purge` tombstones purged and `compact` records
+    /// compacted.
+    async fn sweep_batch(
+        &self,
+        environment: &str,
+        now: Millis,
+        purge: usize,
+        compact: usize,
+    ) -> Result<SweepReport, store::Error> {
+        let purge = i64::try_from(purge).unwrap_or(i64::MAX);
+        let compact = i64::try_from(compact).unwrap_or(i64::MAX);
         let mut conn = self.conn().await?;
-        // One statement: see `sql::SWEEP` for why a record compacted now is purged only by a
-        // later sweep.
         let rows = conn
             .run_planned(
                 Kind::Write,
                 sql::SWEEP,
                 &[
                     (&now, Type::INT8),
-                    (&limit, Type::INT8),
+                    (&purge, Type::INT8),
                     (&SWEEPER, Type::TEXT),
                     (&environment, Type::TEXT),
+                    (&compact, Type::INT8),
                 ],
             )
             .await?;

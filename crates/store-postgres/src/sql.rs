@@ -374,12 +374,14 @@ pub(crate) const DUPLICATE: &str = "
     ORDER BY created_at, key
     LIMIT 1";
 
-/// One retention sweep of one environment, as one statement, so that it commits whole or not
-/// at all and its failure classifies exactly like any other write's. `$1` is now, `$2` the
-/// limit per kind, `$3` the worker named in the `expired` events, `$4` the environment.
+/// One batch of a retention sweep of one environment, as one statement, so that it commits
+/// whole or not at all and its failure classifies exactly like any other write's. `$1` is now,
+/// `$2` the most tombstones to purge, `$3` the worker named in the `expired` events, `$4` the
+/// environment, `$5` the most records to compact. The store runs a sweep as batches of
+/// purges (`$5` = 0) and then batches of compactions (`$2` = 0), see `PgStore::sweep_once`.
 ///
 /// - Purge: at most `$2` tombstones past `purge_at` are deleted, with their events.
-/// - Compact: at most `$2` settled records (`applied`, `failed_permanent`) past `expires_at`
+/// - Compact: at most `$5` settled records (`applied`, `failed_permanent`) past `expires_at`
 ///   become tombstones, each with an `expired` event. The columns cleared are those
 ///   `Row::set_state` clears for a tombstone: the reference (of an applied record) or the
 ///   refusal code (of a refused one) is kept, which is the digest of what it settled as; the
@@ -414,7 +416,7 @@ pub(crate) const SWEEP: &str = "
         WHERE status IN ('applied', 'failed_permanent') AND split_part(key, ':', 2) = $4
           AND expires_at <= $1
         ORDER BY expires_at, key
-        LIMIT $2
+        LIMIT $5
         FOR UPDATE SKIP LOCKED
     ), compacted AS (
         UPDATE operations o SET

@@ -186,7 +186,7 @@ async fn scans_by_environment_read_their_partial_indexes() {
         (
             "SWEEP",
             statements::SWEEP,
-            &["30000", "100", "'sweeper'", "'prod'"],
+            &["30000", "100", "'sweeper'", "'prod'", "100"],
             &["operations_purgeable", "operations_expiring"],
         ),
         (

@@ -13,8 +13,9 @@
 //!   caller. The fsync per commit is shared by every write in it; a caller alone commits its
 //!   own write on its own thread. [`Stats`] counts commits and commands.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), the claim that first checks for a
-//!   duplicate intent, compare-and-set transitions, event appends and the retention sweep of
-//!   one environment, each run inside the writer's transaction; the caller's
+//!   duplicate intent, compare-and-set transitions, event appends and the batches of a
+//!   retention sweep of one environment (at most [`SWEEP_BATCH`] rows each, one write
+//!   transaction at a time), each run inside the writer's transaction; the caller's
 //!   task prepares their inputs (`Claim`, `Update`) so that the writer only binds and steps.
 //! - `webhooks` — the webhook deduplication table: reads, the dedup upsert, and the guard a
 //!   transition caused by an event carries, so the row and the transition commit together.
@@ -221,7 +222,43 @@ impl SqliteStore {
     fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
         self.inner.readers.with(read)
     }
+
+    /// One step of a sweep (`write::purge` or `write::compact`) over at most `limit` rows, as
+    /// writer commands of at most [`SWEEP_BATCH`] rows and some 20 ms of work each, one after
+    /// the other, until a batch finds fewer rows than it may take. Every command is a write transaction of its own (or
+    /// shares one with the writes queued beside it), so the sweep holds the file's write lock
+    /// for one batch at a time and claims and transitions run between its batches. A failure
+    /// ends the sweep; what its earlier batches did stays done, and the next sweep carries on.
+    async fn in_batches(
+        &self,
+        environment: &str,
+        now: Millis,
+        limit: usize,
+        step: fn(&mut writer::Tx<'_>, &str, Millis, usize) -> Result<write::Batch, Error>,
+    ) -> Result<u64, Error> {
+        let mut done = 0;
+        while done < limit as u64 {
+            let take = (limit - done as usize).min(SWEEP_BATCH);
+            let environment = environment.to_string();
+            let batch = self
+                .inner
+                .writer
+                .submit(move |tx| step(tx, &environment, now, take))
+                .await?;
+            done += batch.done;
+            if !batch.more {
+                break;
+            }
+        }
+        Ok(done)
+    }
 }
+
+/// The most rows of each kind one write transaction of a sweep purges or compacts. A batch
+/// also stops after 20 ms of work, which on a large file whose pages must be read from disk
+/// comes first (BENCHMARKS.md, "Cost as the store grows"): a claim never waits behind more
+/// than one batch and a commit.
+pub const SWEEP_BATCH: usize = 256;
 
 /// What [`migrate`] found and left: schema versions, 0 for a new file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,12 +451,17 @@ impl Store for SqliteStore {
         now: Millis,
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
-        let environment = environment.to_string();
-        Box::pin(
-            self.inner
-                .writer
-                .submit(move |tx| write::sweep(tx, &environment, now, limit)),
-        )
+        Box::pin(async move {
+            // Purge first, so that a record compacted by this sweep keeps its tombstone at
+            // least until the next one: a late arrival gets one sweep interval to meet it.
+            let purged = self
+                .in_batches(environment, now, limit, write::purge)
+                .await?;
+            let compacted = self
+                .in_batches(environment, now, limit, write::compact)
+                .await?;
+            Ok(SweepReport { compacted, purged })
+        })
     }
 
     fn webhook<'a>(
@@ -507,6 +549,20 @@ mod tests {
             .collect::<rusqlite::Result<Vec<_>>>()
             .expect("the plan reads");
         steps.join("\n")
+    }
+
+    /// The query plan of a listing with its own values, one line per step.
+    fn listing_plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("the listing prepares");
+        stmt.query_map(rusqlite::params_from_iter(values), |r| {
+            r.get::<_, String>(3)
+        })
+        .expect("the plan runs")
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .expect("the plan reads")
+        .join("\n")
     }
 
     /// The opcodes of `sql` (with every parameter NULL).
@@ -625,17 +681,7 @@ mod tests {
                 limit: 10,
             };
             let (sql, values) = read::list_query(&filter);
-            let mut stmt = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .expect("the listing prepares");
-            let plan = stmt
-                .query_map(rusqlite::params_from_iter(values), |r| {
-                    r.get::<_, String>(3)
-                })
-                .expect("the plan runs")
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .expect("the plan reads")
-                .join("\n");
+            let plan = listing_plan(&conn, &sql, values);
             // Pending and applied rows are not in the listing index; every other status is, and
             // a listing of it must not scan the table. Pending rows are read from the due
             // index, a range of it when the environment is given; applied rows in key order
@@ -656,6 +702,39 @@ mod tests {
             // Only the pending rows, the few in flight, are sorted; every other listing reads
             // its page in order and stops after it.
             if status != RecordStatus::Pending {
+                assert!(!plan.contains("TEMP B-TREE"), "{status:?}: {sql}\n{plan}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_queue_without_a_tool_reads_its_first_page_in_key_order() {
+        let conn = migrated();
+        for status in [
+            RecordStatus::Unknown,
+            RecordStatus::AwaitingApproval,
+            RecordStatus::FailedPermanent,
+            RecordStatus::Tombstone,
+        ] {
+            for after in [None, Some("acme:prod:wf:a".to_string())] {
+                let filter = Filter {
+                    tenant: Some("acme".into()),
+                    environment: Some("prod".into()),
+                    status: Some(status),
+                    tool: None,
+                    after: after.clone(),
+                    limit: 0,
+                };
+                let (sql, values) = read::list_query(&filter);
+                let plan = listing_plan(&conn, &sql, values);
+                let range = match after {
+                    None => "(tenant=? AND environment=? AND status=?)",
+                    Some(_) => "(tenant=? AND environment=? AND status=? AND key>?)",
+                };
+                assert!(
+                    plan.contains(&format!("USING INDEX operations_queue {range}")),
+                    "{status:?}: {sql}\n{plan}"
+                );
                 assert!(!plan.contains("TEMP B-TREE"), "{status:?}: {sql}\n{plan}");
             }
         }

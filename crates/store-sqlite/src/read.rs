@@ -137,6 +137,17 @@ pub(crate) fn list_query(filter: &Filter) -> (String, Vec<Value>) {
             clauses.push("status = 'pending'");
         }
         Some(RecordStatus::Applied) => clauses.push("status = 'applied'"),
+        Some(status)
+            if filter.tool.is_none() && filter.tenant.is_some() && filter.environment.is_some() =>
+        {
+            // The reconciliation queue as the console and the API read it: one range of the
+            // queue index (migration 0008) in key order, stopping after the page. Its condition
+            // is the listing index's, repeated word for word.
+            sql.push_str(" INDEXED BY operations_queue");
+            clauses.push("status <> 'pending' AND status <> 'applied'");
+            clauses.push("status = ?");
+            values.push(Value::Text(status.as_str().into()));
+        }
         Some(status) => {
             // Named, because without statistics SQLite's estimate no longer favours it once
             // the table has the generated column of migration 0005 (measured: a listing by

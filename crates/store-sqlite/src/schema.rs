@@ -38,6 +38,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0007_webhook_events",
         include_str!("../migrations/0007_webhook_events.sql"),
     ),
+    (
+        "0008_queue_by_environment",
+        include_str!("../migrations/0008_queue_by_environment.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.

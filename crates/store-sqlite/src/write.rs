@@ -10,9 +10,10 @@ use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{
     Digest, Event, EventKind, Millis, Record, RecordState, RecordStatus, Row, json_text,
 };
-use idemgate_core::store::{Cas, Error, RequestUpdate, SweepReport, Transition};
+use idemgate_core::store::{Cas, Error, RequestUpdate, Transition};
 use rusqlite::types::Value;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
@@ -443,20 +444,34 @@ struct Compactable {
     code: Option<String>,
 }
 
-/// One retention sweep of `environment`, by the rule in the `Store` trait's documentation.
-pub(crate) fn sweep(
+/// What one batch of a sweep step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Batch {
+    /// Rows purged or compacted.
+    pub(crate) done: u64,
+    /// Whether due rows may remain: the batch took as many as it could, or stopped at its
+    /// time budget.
+    pub(crate) more: bool,
+}
+
+/// How long one batch of a sweep works before it stops, whatever its row limit: on a large
+/// file whose pages are not in memory, each row costs reads from disk, and the batch holds
+/// the write lock while it makes them. The commit comes on top.
+pub(crate) const SWEEP_BUDGET: Duration = Duration::from_millis(20);
+
+/// One batch of a retention sweep's purge step: at most `max` tombstones of `environment` past
+/// their purge time are deleted, their trace (kept in the row) with them, for at most
+/// [`SWEEP_BUDGET`]. The store runs a sweep as batches of these and of [`compact`], each one
+/// writer command (see `SqliteStore::sweep`), all the purges before the first compaction.
+pub(crate) fn purge(
     tx: &mut Tx<'_>,
     environment: &str,
     now: Millis,
     max: usize,
-) -> Result<SweepReport, Error> {
+) -> Result<Batch, Error> {
+    let started = Instant::now();
     let conn = tx.conn;
-    let mut report = SweepReport::default();
-    let what = || format!("sweeping {environment} at {now}");
-
-    // Purge first, so that a record compacted by this sweep keeps its tombstone at least until
-    // the next one: a late arrival gets one sweep interval to meet the tombstone. Tombstones
-    // past their purge time go, and their trace (kept in the row) with them.
+    let what = || format!("purging {environment} at {now}");
     let gone: Vec<(String, String)> = {
         let mut stmt = conn.prepare_cached(PURGEABLE).context(what)?;
         let rows = stmt
@@ -466,15 +481,40 @@ pub(crate) fn sweep(
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
+    let mut purged = 0;
+    let found = gone.len();
     for (tenant, key) in gone {
-        report.purged += conn
+        if started.elapsed() >= SWEEP_BUDGET {
+            return Ok(Batch {
+                done: purged,
+                more: true,
+            });
+        }
+        purged += conn
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")
             .context(what)?
             .execute(params![tenant, key])
             .context(what)? as u64;
     }
+    Ok(Batch {
+        done: purged,
+        more: found == max,
+    })
+}
 
-    // Compaction.
+/// One batch of a retention sweep's compaction step: at most `max` settled records of
+/// `environment` past their expiry become tombstones, each with an `expired` entry, for at most
+/// [`SWEEP_BUDGET`].
+pub(crate) fn compact(
+    tx: &mut Tx<'_>,
+    environment: &str,
+    now: Millis,
+    max: usize,
+) -> Result<Batch, Error> {
+    let started = Instant::now();
+    let conn = tx.conn;
+    let mut compacted = 0;
+    let what = || format!("compacting {environment} at {now}");
     let due: Vec<Compactable> = {
         let mut stmt = conn.prepare_cached(COMPACTABLE).context(what)?;
         let rows = stmt
@@ -491,6 +531,7 @@ pub(crate) fn sweep(
             .context(what)?;
         rows.collect::<rusqlite::Result<_>>().context(what)?
     };
+    let found = due.len();
     for Compactable {
         tenant,
         key,
@@ -500,6 +541,12 @@ pub(crate) fn sweep(
         code,
     } in due
     {
+        if started.elapsed() >= SWEEP_BUDGET {
+            return Ok(Batch {
+                done: compacted,
+                more: true,
+            });
+        }
         let corrupt = |about: String| Error::Corrupt(format!("sweeping {key}: {about}"));
         let status =
             RecordStatus::parse(&status).ok_or_else(|| corrupt(format!("status `{status}`")))?;
@@ -555,7 +602,10 @@ pub(crate) fn sweep(
                 expired,
             ])
             .context(what)?;
-        report.compacted += changed as u64;
+        compacted += changed as u64;
     }
-    Ok(report)
+    Ok(Batch {
+        done: compacted,
+        more: found == max,
+    })
 }

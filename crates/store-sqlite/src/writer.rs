@@ -46,12 +46,21 @@ pub struct Stats {
     /// Commands carried by those transactions (failed commands included: they answered an
     /// error, but shared the commit).
     pub commands: u64,
+    /// The longest any write transaction held the write lock, from taking it (`BEGIN IMMEDIATE`) to
+    /// the end of its `COMMIT` or rollback: the longest a claim may have waited behind another write.
+    pub longest_hold: Duration,
+    /// The longest any write transaction ran its commands, from taking the lock to sending
+    /// `COMMIT`: `longest_hold` without the commit's own write-ahead-log writes and fsync
+    /// (and the checkpoint a commit may run), which the disk decides.
+    pub longest_work: Duration,
 }
 
 #[derive(Default)]
 pub(crate) struct Counters {
     commits: AtomicU64,
     commands: AtomicU64,
+    longest_hold_nanos: AtomicU64,
+    longest_work_nanos: AtomicU64,
 }
 
 impl Counters {
@@ -59,6 +68,8 @@ impl Counters {
         Stats {
             commits: self.commits.load(Ordering::Relaxed),
             commands: self.commands.load(Ordering::Relaxed),
+            longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
+            longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
         }
     }
 }
@@ -339,6 +350,8 @@ const LINGER: Duration = Duration::from_micros(250);
 /// One write transaction, filled with commands as they arrive and committed once.
 struct Open<'c> {
     tx: Tx<'c>,
+    /// When `BEGIN IMMEDIATE` was sent.
+    began: Instant,
     commands: Vec<Box<dyn Command>>,
     /// Each command runs in a savepoint of its own: set once a command failed after writing.
     savepoints: bool,
@@ -354,8 +367,11 @@ impl<'c> Open<'c> {
         let broken = run_cached(conn, "BEGIN IMMEDIATE")
             .err()
             .map(|e| classify("starting a write transaction", &e));
+        // The lock is held from here (a wait for another process is not this store's hold).
+        let began = Instant::now();
         Open {
             tx: Tx::new(conn),
+            began,
             commands: Vec::with_capacity(max_batch),
             savepoints: false,
             broken,
@@ -414,6 +430,10 @@ impl<'c> Open<'c> {
     /// returns.
     fn finish(mut self, counters: &Counters) -> Finished {
         let conn = self.tx.conn;
+        let worked = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counters
+            .longest_work_nanos
+            .fetch_max(worked, Ordering::Relaxed);
         let failure = if let Some(failure) = self.broken.take() {
             // Nothing in a broken transaction will commit (SQLite rolled it back itself, or a
             // savepoint statement failed), so every command fails, even those that had
@@ -443,6 +463,10 @@ impl<'c> Open<'c> {
                 }),
             }
         };
+        let held = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counters
+            .longest_hold_nanos
+            .fetch_max(held, Ordering::Relaxed);
         Finished {
             commands: std::mem::take(&mut self.commands),
             failure,

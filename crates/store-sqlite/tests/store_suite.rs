@@ -6,9 +6,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use idemgate_conformance::store_suite::{self, applied, pending, record};
-use idemgate_core::record::{Event, EventKind};
-use idemgate_core::store::{Claimed, Error, Filter, Store};
-use idemgate_store_sqlite::{Options, SCHEMA_VERSION, SqliteStore, Synchronous};
+use idemgate_core::record::{Digest, Event, EventKind, RecordState, RecordStatus};
+use idemgate_core::store::{Claimed, Error, Filter, Store, SweepReport};
+use idemgate_store_sqlite::{Options, SCHEMA_VERSION, SWEEP_BATCH, SqliteStore, Synchronous};
 use tempfile::TempDir;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
@@ -245,6 +245,74 @@ async fn max_batch_bounds_a_transaction() {
     let stats = store.stats();
     assert_eq!(stats.commands, CLAIMS as u64);
     assert_eq!(stats.commits, CLAIMS as u64, "one command per transaction");
+}
+
+/// A sweep of many rows runs as several write transactions of at most `SWEEP_BATCH` rows each,
+/// purges before compactions, so that no claim waits behind the whole sweep; together they do
+/// exactly what one sweep of that limit does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_sweep_runs_in_bounded_batches() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let options = Options {
+        synchronous: Synchronous::Off,
+        ..Options::default()
+    };
+    let store = SqliteStore::open(dir.path().join("idemgate.db"), options).expect("open");
+    // `record` makes settled records due for compaction at 100 000 and for purging at 200 000.
+    let tombstones = SWEEP_BATCH + 3;
+    let settled = 3 * SWEEP_BATCH + 5;
+    for i in 0..tombstones {
+        let r = record(
+            &format!("acme:prod:wf-big:t{i:04}"),
+            RecordState::Tombstone(Digest::NeverRan),
+        );
+        store.claim(r, Vec::new()).await.expect("claim");
+    }
+    for i in 0..settled {
+        let r = record(&format!("acme:prod:wf-big:a{i:04}"), applied("t"));
+        store.claim(r, Vec::new()).await.expect("claim");
+    }
+    let young = record("acme:prod:wf-big:young", pending("w1", 31_000));
+    store.claim(young.clone(), Vec::new()).await.expect("claim");
+
+    let before = store.stats();
+    let report = store.sweep("prod", 250_000, 10_000).await.expect("sweep");
+    let after = store.stats();
+    assert_eq!(
+        report,
+        SweepReport {
+            compacted: settled as u64,
+            purged: tombstones as u64,
+        }
+    );
+    // Purge: a full batch, then one of 3 that ends it; compaction: three full, one of 5. A
+    // batch that runs out of its time budget first leaves the rest to one more.
+    assert!(
+        after.commits - before.commits >= 2 + 4,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(
+        after.commands - before.commands,
+        after.commits - before.commits,
+        "one command per batch, nothing else written"
+    );
+    // The records this sweep compacted are past their purge time too, yet only the next sweep
+    // purges them; nothing else is touched.
+    let tomb = store
+        .get(&store_suite::key("acme:prod:wf-big:a0000"))
+        .await
+        .expect("get")
+        .expect("compacted, not purged");
+    assert_eq!(tomb.status(), RecordStatus::Tombstone);
+    let next = store.sweep("prod", 250_000, 10_000).await.expect("sweep");
+    assert_eq!(
+        next,
+        SweepReport {
+            compacted: 0,
+            purged: settled as u64,
+        }
+    );
+    assert_eq!(store.get(&young.key).await.expect("get"), Some(young));
 }
 
 /// A failing command is undone alone: the others in its batch still commit.

@@ -1,0 +1,228 @@
+//! Cost as the store grows, on SQLite: bulk-loads a file to each size with the mix of
+//! `idemgate_conformance::growth` and measures there, through the store, claim + finalise,
+//! replay reading the store, the reconciliation queue's first page, the recoverer's scan and a
+//! sweep of 1% of the rows (see that module). Prints one block per size; BENCHMARKS.md
+//! ("Cost as the store grows") records the figures and the command.
+//!
+//! ```text
+//! cargo bench -p idemgate-store-sqlite --bench growth -- \
+//!     --sizes 10000,1000000 --dir /var/tmp/grow --seconds 5 --callers 16
+//! ```
+//!
+//! The loader writes the rows the store's own schema holds (the store creates the file and
+//! its schema first) with one prepared statement in one transaction, without a journal or
+//! fsync, in key order; then the file goes back to WAL mode and the store opens it as it
+//! would any file (its `PRAGMA optimize` at open gathers the planner's statistics). Each
+//! file is deleted after its size is measured, unless `--keep`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idemgate_conformance::growth::{self, ms};
+use idemgate_core::clock::{Clock, SystemClock};
+use idemgate_core::record::Event;
+use idemgate_core::store::Store;
+use idemgate_store_sqlite::{Options, SWEEP_BATCH, SqliteStore, Synchronous};
+use rusqlite::{Connection, params};
+
+struct Args {
+    sizes: Vec<u64>,
+    dir: PathBuf,
+    seconds: u64,
+    callers: usize,
+    keep: bool,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        sizes: vec![10_000, 1_000_000],
+        dir: PathBuf::from("/var/tmp/grow"),
+        seconds: 5,
+        callers: 16,
+        keep: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--sizes" => {
+                args.sizes = value()
+                    .split(',')
+                    .map(|s| s.trim().parse().expect("--sizes 10000,1000000"))
+                    .collect()
+            }
+            "--dir" => args.dir = PathBuf::from(value()),
+            "--seconds" => args.seconds = value().parse().expect("--seconds N"),
+            "--callers" => args.callers = value().parse().expect("--callers N"),
+            "--keep" => args.keep = true,
+            // `cargo bench` passes `--bench` to every bench binary.
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    assert!(
+        args.sizes.iter().all(|&n| n >= 10_000),
+        "every size must be at least 10000 (a full queue page)"
+    );
+    args
+}
+
+const INSERT: &str = "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
+    canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, job_id, \
+    effect_reference, result, error_code, error_message, actor, request, approved_by, created_at, \
+    updated_at, expires_at, purge_at, intent_window, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
+    ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
+
+/// The store's trace encoding: one `[kind, at, attempt, worker, detail]` array per line.
+fn trace(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            serde_json::to_string(&(e.kind, e.at, e.attempt, &e.worker, &e.detail)).unwrap() + "\n"
+        })
+        .collect()
+}
+
+fn load(path: &Path, n: u64, now: i64) {
+    // The store creates the file and its schema, then closes it.
+    drop(
+        SqliteStore::open(
+            path,
+            Options {
+                synchronous: Synchronous::Off,
+                ..Options::default()
+            },
+        )
+        .expect("the store creates the file"),
+    );
+    let mut conn = Connection::open(path).expect("the file opens");
+    conn.execute_batch(
+        "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA cache_size = -262144;",
+    )
+    .expect("load settings");
+    let contract = growth::contract();
+    let tx = conn.transaction().expect("a transaction");
+    {
+        let mut insert = tx.prepare(INSERT).expect("the insert prepares");
+        for i in 0..n {
+            let (r, events) = growth::row(&contract, i, n, now);
+            insert
+                .execute(params![
+                    r.tenant,
+                    r.key,
+                    r.tool,
+                    r.tool_version,
+                    r.fingerprint,
+                    r.canonicalization,
+                    r.status,
+                    r.fence,
+                    r.lease_owner,
+                    r.lease_expires_at,
+                    r.dispatch,
+                    r.job_id,
+                    r.effect_reference,
+                    r.result,
+                    r.error_code,
+                    r.error_message,
+                    r.actor,
+                    r.request,
+                    r.approved_by,
+                    r.created_at,
+                    r.updated_at,
+                    r.expires_at,
+                    r.purge_at,
+                    r.intent_window,
+                    trace(&events),
+                ])
+                .expect("a row inserts");
+        }
+    }
+    tx.commit().expect("the load commits");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .expect("back to WAL");
+    assert_eq!(mode, "wal");
+}
+
+fn remove(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+fn main() {
+    let args = args();
+    std::fs::create_dir_all(&args.dir).expect("the bench directory");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = Duration::from_secs(args.seconds);
+    println!(
+        "SQLite, synchronous=FULL, {} callers, {} s per rate, sweep batches of {SWEEP_BATCH}",
+        args.callers, args.seconds
+    );
+    for &n in &args.sizes {
+        let path = args.dir.join(format!("grow-{n}.sqlite"));
+        remove(&path);
+        let now = SystemClock.now();
+        let started = Instant::now();
+        load(&path, n, now);
+        let loaded = started.elapsed();
+        let bytes = size(&path);
+        println!(
+            "\n## {n} records: loaded in {:.1} s, file {:.1} MB ({:.0} MB per million records)",
+            loaded.as_secs_f64(),
+            bytes as f64 / 1e6,
+            bytes as f64 / 1e6 / (n as f64 / 1e6)
+        );
+        let store = SqliteStore::open(&path, Options::default()).expect("the store opens");
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        rt.block_on(growth::reads_and_rates(
+            shared.clone(),
+            n,
+            now,
+            args.callers,
+            run,
+        ));
+        let before = store.stats();
+        drop(shared);
+        drop(store);
+        // A store of its own for the sweep, so that its longest write transaction is the
+        // sweep's (or the probe's).
+        let store = SqliteStore::open(&path, Options::default()).expect("the store opens");
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let swept = rt.block_on(growth::sweep(shared.clone(), n, now));
+        let stats = store.stats();
+        println!(
+            "sweep of {} rows ({} purged, {} compacted): {} ms, {} transactions, longest write \
+             lock held {} ms (of which work before COMMIT at most {} ms); a probe's {} claims \
+             beside it took at most {} ms (longest transaction before the sweep: {} ms, work {} ms)",
+            swept.report.purged + swept.report.compacted,
+            swept.report.purged,
+            swept.report.compacted,
+            ms(swept.elapsed),
+            stats.commits,
+            ms(stats.longest_hold),
+            ms(stats.longest_work),
+            swept.probes,
+            ms(swept.longest_probe),
+            ms(before.longest_hold),
+            ms(before.longest_work),
+        );
+        drop(shared);
+        drop(store);
+        println!("file after the run: {:.1} MB", size(&path) as f64 / 1e6);
+        if !args.keep {
+            remove(&path);
+        }
+    }
+}
