@@ -1681,11 +1681,12 @@ pub async fn resend_sends_and_keeps_the_claimed_request(store: Arc<dyn Store>) {
     let o = h.deliver(&c, "s1", &first).await;
     assert_eq!(o.status, Status::InFlight, "{o:?}");
     let attempt = h.record("s1").await.unwrap().fence;
-    // Past the backoff, a delivery with other (non-material) bytes takes over and resends;
-    // the resend is not processed either, so the record stays pending.
+    // Past the backoff, a delivery with other (non-material) bytes takes over and resends
+    // (up to three sends in one delivery); none is processed, so the record stays pending.
     h.clock.advance(2 * 60 * 1000);
     h.downstream.clear_faults();
-    h.downstream.push_faults([Fault::NotSent, Fault::NotSent]);
+    h.downstream
+        .push_faults([Fault::NotSent, Fault::NotSent, Fault::NotSent]);
     let mut second = ticket("Refund");
     second["trace_id"] = json!("trace-second");
     let o = h.deliver(&c, "s1", &second).await;
