@@ -1692,7 +1692,10 @@ pub async fn resend_sends_and_keeps_the_claimed_request(store: Arc<dyn Store>) {
     let o = h.deliver(&c, "s1", &second).await;
     assert_eq!(o.status, Status::InFlight, "{o:?}");
     let record = h.record("s1").await.unwrap();
-    assert!(record.fence > attempt, "the second delivery took over: {record:?}");
+    assert!(
+        record.fence > attempt,
+        "the second delivery took over: {record:?}"
+    );
     assert_eq!(
         record.request.as_ref().map(|r| r["trace_id"].clone()),
         Some(json!("trace-first")),
