@@ -140,6 +140,8 @@ struct State {
     forgotten: Vec<String>,
     tickets: u64,
     calls: u64,
+    /// The arguments of every `perform` call received, in order, whatever became of it.
+    sent: Vec<Value>,
     deduplicated: u64,
     lookups: u64,
     polls: u64,
@@ -290,6 +292,11 @@ impl FakeDownstream {
         self.lock().calls
     }
 
+    /// The arguments each `perform` call carried, in order — resends and refused calls too.
+    pub fn sent_arguments(&self) -> Vec<Value> {
+        self.lock().sent.clone()
+    }
+
     /// `perform` calls answered from the deduplication table without a new effect.
     pub fn deduplicated(&self) -> u64 {
         self.lock().deduplicated
@@ -372,6 +379,7 @@ impl Downstream for FakeDownstream {
             let fault = {
                 let mut state = self.lock();
                 state.calls += 1;
+                state.sent.push(request.arguments.clone());
                 state.faults.pop_front()
             };
             let plan = match fault {

@@ -79,6 +79,7 @@ macro_rules! __idemgate_scenarios {
             retention_counts_from_settlement,
             keyless_calls_never_share_an_idempotency_key,
             takeover_sends_the_claimed_request,
+            resend_sends_and_keeps_the_claimed_request,
             stuck_records_do_not_block_the_recoverer,
             persistent_server_errors_end_unknown_within_bounds,
             forgotten_job_ends_unknown,
@@ -1656,7 +1657,68 @@ pub async fn takeover_sends_the_claimed_request(store: Arc<dyn Store>) {
         .map(|e| e.arguments["trace_id"].clone())
         .collect();
     assert_eq!(sent, [json!("trace-first")], "what was claimed was sent");
+    assert!(
+        h.downstream
+            .sent_arguments()
+            .iter()
+            .all(|a| a["trace_id"] == json!("trace-first")),
+        "no call carried the new delivery's bytes"
+    );
     assert_effects(&h, 1, "one effect");
+}
+
+/// A resend after an ambiguous attempt, triggered by a later delivery with other bytes of the
+/// same request, sends the stored request and leaves it stored as it was.
+pub async fn resend_sends_and_keeps_the_claimed_request(store: Arc<dyn Store>) {
+    let spec = Spec::key_based().lookup(false);
+    let h = Harness::for_spec(store, &spec);
+    let c = spec.contract();
+    let mut first = ticket("Refund");
+    first["trace_id"] = json!("trace-first");
+    // The first attempt commits and its answer is lost; its own resends are not processed.
+    h.downstream
+        .push_faults([Fault::CommitThenDrop, Fault::NotSent, Fault::NotSent]);
+    let o = h.deliver(&c, "s1", &first).await;
+    assert_eq!(o.status, Status::InFlight, "{o:?}");
+    let attempt = h.record("s1").await.unwrap().fence;
+    // Past the backoff, a delivery with other (non-material) bytes takes over and resends
+    // (up to three sends in one delivery); none is processed, so the record stays pending.
+    h.clock.advance(2 * 60 * 1000);
+    h.downstream.clear_faults();
+    h.downstream
+        .push_faults([Fault::NotSent, Fault::NotSent, Fault::NotSent]);
+    let mut second = ticket("Refund");
+    second["trace_id"] = json!("trace-second");
+    let o = h.deliver(&c, "s1", &second).await;
+    assert_eq!(o.status, Status::InFlight, "{o:?}");
+    let record = h.record("s1").await.unwrap();
+    assert!(
+        record.fence > attempt,
+        "the second delivery took over: {record:?}"
+    );
+    assert_eq!(
+        record.request.as_ref().map(|r| r["trace_id"].clone()),
+        Some(json!("trace-first")),
+        "the stored request is the claimed one"
+    );
+    // The recoverer settles it by a resend the downstream deduplicates.
+    h.downstream.clear_faults();
+    h.clock.advance(10 * 60 * 1000);
+    recoverer_for(&h, &c).run_once().await.unwrap();
+    assert_eq!(status_of(&h, "s1").await, RecordStatus::Applied);
+    let sent: Vec<_> = h
+        .downstream
+        .sent_arguments()
+        .into_iter()
+        .map(|a| a["trace_id"].clone())
+        .collect();
+    assert!(sent.len() >= 3, "first attempt and resends: {sent:?}");
+    assert!(
+        sent.iter().all(|t| t == &json!("trace-first")),
+        "every send carried the claimed request: {sent:?}"
+    );
+    assert!(h.downstream.deduplicated() >= 1);
+    assert_effects(&h, 1, "one effect under resends");
 }
 
 /// Records that make no progress (their tool is no longer loaded) never keep the recoverer

@@ -222,6 +222,73 @@ async fn a_url_argument_that_would_move_the_path_leaves_no_record() {
     assert!(w.server.requests().is_empty(), "nothing was sent");
 }
 
+/// A URL placeholder whose argument is absent or not a scalar is refused as invalid arguments
+/// before the claim: no record, nothing sent, and the key is not burned — a corrected delivery
+/// under the same key runs once, counted by the fake service.
+#[tokio::test]
+async fn a_url_argument_that_is_absent_or_not_a_scalar_does_not_burn_the_key() {
+    let server = FakeServer::start().await;
+    let base = format!("http://{}", server.addr());
+    // Any JSON type passes the schema, so the URL's own check is what refuses.
+    let text = tickets_yaml_without_retention(&base)
+        .replace(
+            &format!("url: {base}/tickets\n"),
+            &format!("url: {base}/queues/{{queue_id}}/tickets\n"),
+        )
+        .replace("queue_id: {type: string}", "queue_id: {}");
+    let w = world_with(server, common::load(&text));
+    let bad = [
+        serde_json::json!({"subject": "Printer on fire"}),
+        serde_json::json!({"queue_id": null, "subject": "Printer on fire"}),
+        serde_json::json!({"queue_id": {"q": 1}, "subject": "Printer on fire"}),
+        serde_json::json!({"queue_id": ["q1"], "subject": "Printer on fire"}),
+    ];
+    for args in bad {
+        let outcome = bounded(
+            w.executor
+                .execute(&w.contract, &op("s1"), &args, &w.downstream),
+        )
+        .await;
+        assert_eq!(outcome.status, Status::Rejected, "{args}: {outcome:?}");
+        assert_eq!(outcome.error_code(), Some(ErrorCode::InvalidArguments));
+        assert!(
+            outcome.safe_to_repeat,
+            "{args}: nothing happened under the key"
+        );
+        let message = &outcome.error.as_ref().unwrap().message;
+        assert!(message.contains("`queue_id`"), "{message}");
+        assert_eq!(
+            w.status("s1").await,
+            None,
+            "{args}: refused before any record"
+        );
+    }
+    assert!(w.server.requests().is_empty(), "nothing was sent");
+    // The key is not burned: the corrected call under it claims and is sent, once, to the
+    // queue's path (the fake serves no queues, so it answers 404: a plain refusal).
+    let good = serde_json::json!({"queue_id": "q1", "subject": "Printer on fire"});
+    let outcome = bounded(
+        w.executor
+            .execute(&w.contract, &op("s1"), &good, &w.downstream),
+    )
+    .await;
+    assert_ne!(
+        outcome.error_code(),
+        Some(ErrorCode::InvalidArguments),
+        "{outcome:?}"
+    );
+    assert!(
+        w.status("s1").await.is_some(),
+        "the corrected call claimed the key"
+    );
+    let sent: Vec<_> = w.server.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        sent,
+        ["/queues/q1/tickets"],
+        "sent once, to the queue's path"
+    );
+}
+
 #[tokio::test]
 async fn a_revoked_authorization_stops_the_replay() {
     let server = FakeServer::start().await;

@@ -559,6 +559,8 @@ async fn queues_of_claims_past_their_lease_and_of_jobs() {
             &format!("globex:{ENV}:stuck:s"),
             pending("w-gone", EPOCH - 5_000),
         ),
+        // The same tenant in another environment: not this gateway's to show.
+        record("acme:elsewhere:stuck:s", pending("w-gone", EPOCH - 5_000)),
     ];
     for r in rows {
         e.store.claim(r, Vec::new()).await.unwrap();
@@ -572,6 +574,7 @@ async fn queues_of_claims_past_their_lease_and_of_jobs() {
     assert!(overdue.text.contains("held by w-gone"), "{}", overdue.text);
     assert!(!overdue.text.contains(&format!("acme:{ENV}:live:s")));
     assert!(!overdue.text.contains("globex"));
+    assert!(!overdue.text.contains("acme:elsewhere"), "{}", overdue.text);
     let jobs = route(&e.app, get("/console?queue=jobs", &me.cookie)).await;
     assert!(jobs.text.contains(&format!("acme:{ENV}:job:s")));
     assert!(!jobs.text.contains(&format!("acme:{ENV}:stuck:s")));

@@ -202,6 +202,7 @@ async fn hostile_input_leaves_no_record_and_no_downstream_call() {
         ("duplicate member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","subject":"b","body":"x"}}"#), 400, "invalid_arguments"),
         ("duplicate envelope member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","workflow_id":"g","step_id":"1","arguments":{}}"#), 400, "invalid_arguments"),
         ("number beyond 2^53", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9007199254740993}}"#), 400, "invalid_arguments"),
+        ("number beyond 2^53 in exponent form", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9.007199254740993e15}}"#), 400, "invalid_arguments"),
         ("not UTF-8", Call::post("/v1/tools/tickets.create/invoke", AGENT, b"{\"workflow_id\":\"h\",\"step_id\":\"1\",\"arguments\":{\"subject\":\"\xff\",\"body\":\"x\"}}".to_vec()), 400, "invalid_arguments"),
         ("not JSON", Call::post("/v1/tools/tickets.create/invoke", AGENT, "subject=a"), 400, "invalid_arguments"),
         ("empty body", Call::post("/v1/tools/tickets.create/invoke", AGENT, ""), 400, "invalid_arguments"),
@@ -271,6 +272,35 @@ async fn idempotency_key_header_names_the_operation() {
     .await;
     assert_eq!(r.outcome(), "replayed");
     assert_eq!(e.fakes.fake("tickets.create").effects(), 2);
+}
+
+/// Generic clients send bare identifiers as `Idempotency-Key`, many starting with a digit
+/// (UUIDv4/v7, ULIDs) and some Stripe-style: each names its own operation, a repeat replays,
+/// and the fake service counts one ticket per key.
+#[tokio::test]
+async fn bare_idempotency_keys_whatever_their_first_character_run_once() {
+    let e = env();
+    let keys = [
+        "8e03978e-40d5-4c1b-9d7e-0a1b2c3d4e5f",
+        "0190f5a4-7c3e-7b2a-9f10-3c4d5e6f7a8b",
+        "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "idem_8f3kQ2LmN9xYz",
+        "c1f0e6d2-9a4b-4e8f-8c7d-6b5a4f3e2d1c",
+    ];
+    for (i, k) in keys.iter().enumerate() {
+        let args = json!({"arguments": {"subject": format!("s{i}"), "body": "x"}});
+        for expected in ["applied", "replayed"] {
+            let r = route(
+                &e.app,
+                invoke("tickets.create", AGENT, args.clone()).header("idempotency-key", *k),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{k}: {}", r.text);
+            assert_eq!(r.outcome(), expected, "{k}: {}", r.text);
+            assert_eq!(r.json["operation_key"], format!("acme:test:{k}:-"));
+        }
+    }
+    assert_eq!(e.fakes.fake("tickets.create").effects(), keys.len());
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 //! replay it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use idemgate_conformance::mem::MemStore;
@@ -204,8 +205,9 @@ pub struct Plan {
 }
 
 /// Runs schedules `first`, `first + stride`, … below `plan.count`, stopping at the first
-/// failure unless the plan keeps going.
-pub fn explore(plan: Plan, first: u64, stride: u64) -> Explored {
+/// failure unless the plan keeps going. `stop` is shared by the exploring threads: the first
+/// to fail raises it (before it shrinks), and the others stop at their next schedule.
+pub fn explore(plan: Plan, first: u64, stride: u64, stop: &AtomicBool) -> Explored {
     let started = Instant::now();
     let catalog = Catalog::new();
     let mut out = Explored {
@@ -217,7 +219,7 @@ pub fn explore(plan: Plan, first: u64, stride: u64) -> Explored {
         elapsed: Duration::ZERO,
     };
     let mut i = first;
-    while i < plan.count {
+    while i < plan.count && !stop.load(Ordering::Relaxed) {
         let seed = mix(plan.base.wrapping_add(i));
         let kind = plan
             .forced
@@ -229,6 +231,9 @@ pub fn explore(plan: Plan, first: u64, stride: u64) -> Explored {
         if let Some(v) = &r.violation {
             let n = out.failing.entry(v.invariant).or_default();
             *n += 1;
+            if !plan.keep_going {
+                stop.store(true, Ordering::Relaxed);
+            }
             if *n == 1 {
                 let found_in = started.elapsed();
                 let mut f = shrink_failure(&catalog, seed, kind, &r, plan.shrink_budget);

@@ -160,8 +160,10 @@ pub struct History {
     pub performs: Vec<Perform>,
     pub decisions: Vec<Decision>,
     pub answers: Vec<Answer>,
-    /// Steps at which a key's record was found deleted by a sweep: the store forgot it by
-    /// design, and a later delivery is a new operation.
+    /// Steps at which a key's record was found deleted by a sweep on time (its retention from
+    /// settlement had passed): the store forgot it by design, and a later delivery is a new
+    /// operation. A purge too early starts no new life, so an effect after it still counts as
+    /// the operation's second.
     pub purges: BTreeMap<OperationKey, Vec<u64>>,
     /// Keys whose record has existed (claimed at least once).
     pub claimed: BTreeSet<OperationKey>,

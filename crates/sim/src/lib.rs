@@ -42,7 +42,9 @@
 //! | `IDEMGATE_SIM_KEEP_GOING` | go on after a failure; report the first of each invariant |
 //! | `IDEMGATE_SIM_TOLERATE` | invariants not to report (comma-separated): to explore past a known finding; never in CI |
 //!
-//! A failure prints the invariant, the seed and store, the shrunk draws, and the shrunk
+//! An exploration stops at its first failing schedule — every thread, not only the one that
+//! found it — unless `IDEMGATE_SIM_KEEP_GOING` is set. A failure prints the invariant, the
+//! seed and store, the shrunk draws, and the shrunk
 //! schedule's trace, one line per step:
 //!
 //! ```text
@@ -148,8 +150,12 @@ pub fn main_from_env() {
         keep_going: env("IDEMGATE_SIM_KEEP_GOING").is_some(),
     };
     let started = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let handles: Vec<_> = (0..threads)
-        .map(|t| std::thread::spawn(move || explore::explore(plan, t, threads)))
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || explore::explore(plan, t, threads, &stop))
+        })
         .collect();
     let results: Vec<explore::Explored> = handles
         .into_iter()

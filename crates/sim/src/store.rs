@@ -196,6 +196,7 @@ impl<S: Store> SimStore<S> {
             let compacted = after.as_ref().is_some_and(|a| {
                 a.status() == RecordStatus::Tombstone && was.status() != RecordStatus::Tombstone
             });
+            let early_before = early.len();
             match (&after, settled) {
                 (None, Some((settled, direct))) => {
                     let keep = if direct { tomb } else { ttl + tomb };
@@ -227,15 +228,19 @@ impl<S: Store> SimStore<S> {
                 (Some(_), _) => {}
             }
             if after.is_none() {
-                gone.push(key);
+                // Only a purge on time starts a new life of the key: after one too early, a
+                // later effect under the key is still the same operation's second effect.
+                gone.push((key, early.len() == early_before));
             }
         }
         let mut s = self.sim.lock();
         let step = s.step;
-        for k in &gone {
+        for (k, on_time) in &gone {
             s.history.claimed.remove(k);
             s.history.settled_at.remove(k);
-            s.history.purges.entry(k.clone()).or_default().push(step);
+            if *on_time {
+                s.history.purges.entry(k.clone()).or_default().push(step);
+            }
         }
         for e in early {
             s.note(|| format!("store.sweep too early: {e}"));
@@ -246,7 +251,7 @@ impl<S: Store> SimStore<S> {
                 "store.sweep {environment}: compacted {}, purged {} {:?}",
                 report.compacted,
                 report.purged,
-                gone.iter().map(|k| k.as_str()).collect::<Vec<_>>()
+                gone.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
             )
         });
     }

@@ -183,7 +183,13 @@ impl Executor {
                         RecordState::Applied(receipt) => {
                             Outcome::applied(r.key, receipt.reference, receipt.result)
                         }
-                        _ => machine::status_outcome(Some(contract), &r, self.now()),
+                        RecordState::Pending { .. }
+                        | RecordState::AwaitingApproval { .. }
+                        | RecordState::FailedPermanent(_)
+                        | RecordState::Unknown(_)
+                        | RecordState::Tombstone(_) => {
+                            machine::status_outcome(Some(contract), &r, self.now())
+                        }
                     });
                 }
                 // Another event, a poll or the event's own handler got there first: the record
