@@ -4,6 +4,9 @@
 //! - [`open_store`]: a store from its URL, `sqlite://PATH` (the embedded default) or
 //!   `postgres://…` / `postgresql://…`, sealing audit entries with the given [`Sealer`].
 //! - [`redact`]: a store URL without its password, for messages and logs.
+//! - [`contracts::expand`]: contract file patterns (`contracts/*.yaml`) to files.
+
+pub mod contracts;
 
 use std::sync::Arc;
 

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use idemgate_sandbox::{Fault, Sandbox};
 use idemgate_core::clock::{Clock, ManualClock};
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::{
@@ -14,6 +13,7 @@ use idemgate_core::outcome::{Outcome, Status};
 use idemgate_core::record::{Record, RecordState, RecordStatus};
 use idemgate_core::store::{BoxFuture, Filter, Store};
 use idemgate_engine::{Caller, Executor, Operation, Settings};
+use idemgate_sandbox::{Fault, Sandbox};
 use idemgate_store_sqlite::{Options, SqliteStore};
 use serde_json::{Value, json};
 

@@ -75,6 +75,12 @@ pub struct WrapArgs {
     /// How long the child may take to answer `initialize` and `tools/list` (`30s`).
     #[arg(long, value_name = "DURATION")]
     pub start_timeout: Option<String>,
+    /// How often the recoverer looks for due records (`2s`).
+    #[arg(long, value_name = "DURATION")]
+    pub recovery_interval: Option<String>,
+    /// How often settled records are compacted and purged (`5m`).
+    #[arg(long, value_name = "DURATION")]
+    pub sweep_interval: Option<String>,
     /// The child MCP server and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -93,6 +99,8 @@ struct FileConfig {
     actor: Option<String>,
     call_timeout: Option<String>,
     start_timeout: Option<String>,
+    recovery_interval: Option<String>,
+    sweep_interval: Option<String>,
     max_argument_bytes: Option<usize>,
 }
 
@@ -106,6 +114,7 @@ struct Settings {
     call_timeout: Duration,
     start_timeout: Duration,
     max_argument_bytes: usize,
+    recovery: Recovery,
     spec: ChildSpec,
 }
 
@@ -214,6 +223,25 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         Some(t) => duration("start_timeout", t)?,
         None => Duration::from_secs(30),
     };
+    let defaults = Recovery::default();
+    let recovery = Recovery {
+        every: match args
+            .recovery_interval
+            .as_deref()
+            .or(file.recovery_interval.as_deref())
+        {
+            Some(t) => duration("recovery_interval", t)?,
+            None => defaults.every,
+        },
+        sweep_every: match args
+            .sweep_interval
+            .as_deref()
+            .or(file.sweep_interval.as_deref())
+        {
+            Some(t) => duration("sweep_interval", t)?,
+            None => defaults.sweep_every,
+        },
+    };
     let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
         flag.clone()
             .or_else(|| file.clone())
@@ -238,6 +266,7 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         max_argument_bytes: file
             .max_argument_bytes
             .unwrap_or(idemgate_downstream_mcp::DEFAULT_MAX_ARGUMENT_BYTES),
+        recovery,
         spec,
     })
 }
@@ -372,7 +401,7 @@ async fn serve(
         store,
         None,
         tools,
-        Recovery::default(),
+        settings.recovery,
     )?;
     let options = idemgate_mcp::Options {
         wrap: Some(Wrap {

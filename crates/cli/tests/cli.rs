@@ -944,3 +944,27 @@ fn fingerprint_refuses_a_contract_that_does_not_load() {
         &["--args"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// conformance
+
+/// The fault matrix runner is its own binary: without it beside `idemgate`, `idemgate
+/// conformance` says so and how to get it, instead of running nothing and passing.
+#[test]
+fn conformance_without_its_runner_beside_names_how_to_build_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("idemgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_idemgate"), &alone).unwrap();
+    let out = Command::new(&alone)
+        .args(["conformance", "--list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`idemgate-conformance` is not beside")
+            && stderr.contains("cargo build -p idemgate-conformance-run"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}

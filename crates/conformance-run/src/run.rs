@@ -227,7 +227,8 @@ fn wait_for_stdin_line() {
 }
 
 async fn worker(w: WorkerArgs) -> anyhow::Result<()> {
-    let inner = idemgate_app::open_store(&w.store, idemgate_core::audit::Sealer::unsigned()).await?;
+    let inner =
+        idemgate_app::open_store(&w.store, idemgate_core::audit::Sealer::unsigned()).await?;
     let faulty = Arc::new(FaultyStore::new(inner));
     let (dedup, lookup) = match w.receipt {
         ReceiptPath::Dedup => (true, true),

@@ -27,14 +27,19 @@ fn check(args: &[&str], code: i32, stdout: &[&str], stderr: &[&str]) -> Run {
     );
     assert_eq!(r.code, code, "{shown}");
     for fragment in stdout {
-        assert!(r.stdout.contains(fragment), "stdout lacks `{fragment}`\n{shown}");
+        assert!(
+            r.stdout.contains(fragment),
+            "stdout lacks `{fragment}`\n{shown}"
+        );
     }
     for fragment in stderr {
-        assert!(r.stderr.contains(fragment), "stderr lacks `{fragment}`\n{shown}");
+        assert!(
+            r.stderr.contains(fragment),
+            "stderr lacks `{fragment}`\n{shown}"
+        );
     }
     r
 }
-
 
 #[test]
 fn conformance_lists_the_scenario_names() {

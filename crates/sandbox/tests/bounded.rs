@@ -49,7 +49,10 @@ async fn the_table_holds_at_most_its_capacity_however_many_effects() {
     assert_eq!(sandbox.effect_log().len(), LOG_LEN);
     // The newest are kept: a resend of one of them is deduplicated, no new effect.
     let recent = key("run", 19_999);
-    assert!(matches!(sandbox.lookup_receipt(&recent).await, Lookup::Found(_)));
+    assert!(matches!(
+        sandbox.lookup_receipt(&recent).await,
+        Lookup::Found(_)
+    ));
     perform(&sandbox, &recent).await;
     assert_eq!((sandbox.effects(), sandbox.deduplicated()), (20_000, 1));
     // A forgotten key is never reported as "not found": that would invite a second effect.
@@ -132,5 +135,9 @@ async fn through_the_executor_retries_replay_and_a_dropped_answer_is_one_effect(
             .await;
         assert_eq!(again.status, Status::Replayed, "{workflow}:{step}");
     }
-    assert_eq!(sandbox.effects(), 502, "one effect per key, none for the retries");
+    assert_eq!(
+        sandbox.effects(),
+        502,
+        "one effect per key, none for the retries"
+    );
 }
