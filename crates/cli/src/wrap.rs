@@ -207,40 +207,41 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
             .map_err(|e| anyhow::anyhow!("--identity: {e}"))?,
         None => IdentityRule::SessionWindow(IdentityRule::DEFAULT_WINDOW),
     };
-    let call_timeout = match args
-        .call_timeout
-        .as_deref()
-        .or(file.call_timeout.as_deref())
-    {
-        Some(t) => duration("call_timeout", t)?,
-        None => Duration::from_secs(60),
-    };
-    let start_timeout = match args
-        .start_timeout
-        .as_deref()
-        .or(file.start_timeout.as_deref())
-    {
-        Some(t) => duration("start_timeout", t)?,
-        None => Duration::from_secs(30),
-    };
+    // A duration from the flag, else the file, else the default.
+    let span =
+        |what: &str, flag: &Option<String>, file: &Option<String>, default: Duration| match flag
+            .as_deref()
+            .or(file.as_deref())
+        {
+            Some(t) => duration(what, t),
+            None => Ok(default),
+        };
+    let call_timeout = span(
+        "call_timeout",
+        &args.call_timeout,
+        &file.call_timeout,
+        Duration::from_secs(60),
+    )?;
+    let start_timeout = span(
+        "start_timeout",
+        &args.start_timeout,
+        &file.start_timeout,
+        Duration::from_secs(30),
+    )?;
     let defaults = Recovery::default();
     let recovery = Recovery {
-        every: match args
-            .recovery_interval
-            .as_deref()
-            .or(file.recovery_interval.as_deref())
-        {
-            Some(t) => duration("recovery_interval", t)?,
-            None => defaults.every,
-        },
-        sweep_every: match args
-            .sweep_interval
-            .as_deref()
-            .or(file.sweep_interval.as_deref())
-        {
-            Some(t) => duration("sweep_interval", t)?,
-            None => defaults.sweep_every,
-        },
+        every: span(
+            "recovery_interval",
+            &args.recovery_interval,
+            &file.recovery_interval,
+            defaults.every,
+        )?,
+        sweep_every: span(
+            "sweep_interval",
+            &args.sweep_interval,
+            &file.sweep_interval,
+            defaults.sweep_every,
+        )?,
     };
     let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
         flag.clone()
