@@ -17,8 +17,8 @@
 //!
 //! # What it keeps, and for how long
 //!
-//! Memory is bounded: per tool the sandbox remembers at most [`DEFAULT_CAPACITY`] receipts
-//! (16 bytes of key digest and a number each, about 40 bytes with the table's overhead), the
+//! Memory is bounded: per tool the sandbox remembers at most [`DEFAULT_CAPACITY`] (229,376)
+//! receipts (16 bytes of key digest and a number each; about 13 MB for a full tool), the
 //! last [`LOG_LEN`] effects in full for [`Sandbox::effect_log`], and at most the capacity of
 //! accepted jobs. What it may forget follows from when the executor asks a downstream about a
 //! key again: only while the gateway's own record of that key is unsettled — after an ambiguous
@@ -31,8 +31,8 @@
 //!   is pinned: it is kept for the capacity's count of later pinned receipts, ahead of every
 //!   delivered one. A lookup or a resend under its key finds it.
 //! - A receipt whose answer was delivered is kept for the next [`DEFAULT_CAPACITY`] effects of
-//!   its tool (at 8,600 unique calls a second, the gateway's measured SQLite rate, about 30 s:
-//!   the default lease), then forgotten, oldest first.
+//!   its tool (at 8,600 unique calls a second, the gateway's best measured SQLite rate, about
+//!   27 s), then forgotten, oldest first.
 //! - Once it has forgotten anything, a lookup of a key it does not hold answers
 //!   [`Lookup::Unavailable`] instead of [`Lookup::NotFound`]: "not found" would tell the
 //!   executor that a forgotten effect never happened, and so invite a second one.
@@ -52,7 +52,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// Receipts remembered per tool: delivered ones, and separately as many pinned ones.
-pub const DEFAULT_CAPACITY: usize = 1 << 18;
+/// 7/8 of 2^18: the most a hash table of 2^18 slots holds before it doubles, so a full
+/// sandbox's table takes about 8.6 MB (slots of 32 bytes and a control byte) and its queue
+/// 4.2 MB, not twice that.
+pub const DEFAULT_CAPACITY: usize = 7 << 15;
 
 /// Effects kept in full (key, reference, attempt) for [`Sandbox::effect_log`].
 pub const LOG_LEN: usize = 100;
@@ -211,8 +214,8 @@ impl State {
                 self.deduplicated += 1;
                 if newly_pinned {
                     entry.pinned = true;
+                    self.make_room();
                     self.pinned.push_back(d);
-                    self.trim();
                 }
                 return Self::receipt(noun, number);
             }
@@ -224,6 +227,7 @@ impl State {
         let pinned = how == Delivery::Lost;
         let known = self.receipts.contains_key(&d);
         if !known {
+            self.make_room();
             self.receipts.insert(
                 d,
                 Entry {
@@ -247,16 +251,17 @@ impl State {
             reference: receipt.reference.clone(),
             attempt,
         });
-        self.trim();
         // Without deduplication a second effect answers its own receipt; the first one under
         // the key stays what a lookup finds.
         receipt
     }
 
-    /// Forgets the oldest receipts beyond the capacity: delivered ones from their queue,
-    /// pinned ones from theirs. An entry pinned after it was queued as delivered is skipped.
-    fn trim(&mut self) {
-        while self.delivered.len() > self.capacity {
+    /// Forgets the oldest receipts until one more of each kind fits in the capacity:
+    /// delivered ones from their queue, pinned ones from theirs (an entry pinned after it was
+    /// queued as delivered is skipped). Run before an insert, so that the table never holds
+    /// more than the capacity and never grows past the size that holds it.
+    fn make_room(&mut self) {
+        while self.delivered.len() >= self.capacity {
             if let Some(d) = self.delivered.pop_front()
                 && self.receipts.get(&d).is_some_and(|e| !e.pinned)
             {
@@ -264,13 +269,13 @@ impl State {
                 self.forgotten += 1;
             }
         }
-        while self.pinned.len() > self.capacity {
+        while self.pinned.len() >= self.capacity {
             if let Some(d) = self.pinned.pop_front() {
                 self.receipts.remove(&d);
                 self.forgotten += 1;
             }
         }
-        while self.job_order.len() > self.capacity {
+        while self.job_order.len() >= self.capacity {
             if let Some(id) = self.job_order.pop_front() {
                 self.jobs.remove(&id);
             }
@@ -305,6 +310,7 @@ impl State {
                 return EffectOutcome::Accepted { job_id };
             }
         }
+        self.make_room();
         self.jobs_accepted += 1;
         let job_id = format!("job_{}", self.jobs_accepted);
         self.jobs.insert(
@@ -316,7 +322,6 @@ impl State {
             },
         );
         self.job_order.push_back(job_id.clone());
-        self.trim();
         EffectOutcome::Accepted { job_id }
     }
 
