@@ -3,15 +3,17 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use idemgate_conformance::downstream::{FakeDownstream, Fault};
 use idemgate_core::clock::{Clock, ManualClock};
 use idemgate_core::contract::Contract;
-use idemgate_core::effect::AllowAll;
+use idemgate_core::effect::{
+    AllowAll, Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup,
+};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{Outcome, Status};
 use idemgate_core::record::{Record, RecordState, RecordStatus};
-use idemgate_core::store::{Filter, Store};
+use idemgate_core::store::{BoxFuture, Filter, Store};
 use idemgate_engine::{Caller, Executor, Operation, Settings};
+use idemgate_sandbox::{Fault, Sandbox};
 use idemgate_store_sqlite::{Options, SqliteStore};
 use serde_json::{Value, json};
 
@@ -44,7 +46,7 @@ impl Demo {
         contract: &Contract,
         step: &str,
         args: &Value,
-        downstream: &FakeDownstream,
+        downstream: &Sandbox,
     ) -> Outcome {
         self.deliveries += 1;
         self.worker(worker)
@@ -67,6 +69,34 @@ impl Demo {
             (ms / 1000) % 60,
             ms % 1000
         )
+    }
+}
+
+/// The ticket service as worker-a sees it: the effect commits, and the worker dies before the
+/// answer reaches it (the demo aborts its task once `committed` fires).
+struct DiesAfterCommit {
+    service: Sandbox,
+    committed: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Downstream for DiesAfterCommit {
+    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
+        Box::pin(async move {
+            let _ = self.service.perform(request).await;
+            let fired = self.committed.lock().ok().and_then(|mut c| c.take());
+            if let Some(fired) = fired {
+                let _ = fired.send(());
+            }
+            std::future::pending().await
+        })
+    }
+
+    fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        self.service.lookup_receipt(key)
+    }
+
+    fn poll_job<'a>(&'a self, key: &'a OperationKey, job_id: &'a str) -> BoxFuture<'a, JobStatus> {
+        self.service.poll_job(key, job_id)
     }
 }
 
@@ -116,7 +146,7 @@ fn show(outcome: &Outcome) {
     }
 }
 
-fn count(what: &str, n: usize) {
+fn count(what: &str, n: u64) {
     println!("   {what}: {n} (counted by the downstream itself)");
 }
 
@@ -153,10 +183,10 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let tickets_contract = Contract::load(TICKETS, "contracts/tickets.create.yaml")?;
     let email_contract = Contract::load(EMAIL, "contracts/email.send.yaml")?;
-    let tickets = FakeDownstream::new()
+    let tickets = Sandbox::new("ticket")
         .deduplicating(true)
         .with_receipt_lookup(true);
-    let mail = FakeDownstream::new()
+    let mail = Sandbox::new("email")
         .deduplicating(false)
         .with_receipt_lookup(true);
 
@@ -189,21 +219,23 @@ pub async fn run() -> anyhow::Result<()> {
         tickets_contract.effect_class.as_str()
     );
     println!("   operation {}", key(step));
-    tickets.after_commit().arm_nth(1);
+    let (committed, heard) = tokio::sync::oneshot::channel();
     let crashed = {
         let exec = demo.worker("worker-a");
         let (ds, c, a) = (
-            tickets.clone(),
+            DiesAfterCommit {
+                service: tickets.clone(),
+                committed: std::sync::Mutex::new(Some(committed)),
+            },
             Contract::load(TICKETS, "tickets")?,
             args.clone(),
         );
         tokio::spawn(async move { exec.execute(&c, &operation(step), &a, &ds).await })
     };
     demo.deliveries += 1;
-    tickets.after_commit().reached().await;
+    let _ = heard.await;
     crashed.abort();
     let _ = crashed.await;
-    tickets.after_commit().release();
     println!(
         "   worker-a claimed the operation and sent it; the service committed; worker-a died before hearing back"
     );

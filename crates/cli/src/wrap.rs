@@ -82,6 +82,12 @@ pub struct WrapArgs {
     /// How long the child may take to answer `initialize` and `tools/list` (`30s`).
     #[arg(long, value_name = "DURATION")]
     pub start_timeout: Option<String>,
+    /// How often the recoverer looks for due records (`2s`).
+    #[arg(long, value_name = "DURATION")]
+    pub recovery_interval: Option<String>,
+    /// How often settled records are compacted and purged (`5m`).
+    #[arg(long, value_name = "DURATION")]
+    pub sweep_interval: Option<String>,
     /// The child MCP server and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -100,6 +106,8 @@ struct FileConfig {
     actor: Option<String>,
     call_timeout: Option<String>,
     start_timeout: Option<String>,
+    recovery_interval: Option<String>,
+    sweep_interval: Option<String>,
     max_argument_bytes: Option<usize>,
 }
 
@@ -113,6 +121,7 @@ struct Settings {
     call_timeout: Duration,
     start_timeout: Duration,
     max_argument_bytes: usize,
+    recovery: Recovery,
     spec: ChildSpec,
 }
 
@@ -205,21 +214,41 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
             .map_err(|e| anyhow::anyhow!("--identity: {e}"))?,
         None => IdentityRule::SessionWindow(IdentityRule::DEFAULT_WINDOW),
     };
-    let call_timeout = match args
-        .call_timeout
-        .as_deref()
-        .or(file.call_timeout.as_deref())
-    {
-        Some(t) => duration("call_timeout", t)?,
-        None => Duration::from_secs(60),
-    };
-    let start_timeout = match args
-        .start_timeout
-        .as_deref()
-        .or(file.start_timeout.as_deref())
-    {
-        Some(t) => duration("start_timeout", t)?,
-        None => Duration::from_secs(30),
+    // A duration from the flag, else the file, else the default.
+    let span =
+        |what: &str, flag: &Option<String>, file: &Option<String>, default: Duration| match flag
+            .as_deref()
+            .or(file.as_deref())
+        {
+            Some(t) => duration(what, t),
+            None => Ok(default),
+        };
+    let call_timeout = span(
+        "call_timeout",
+        &args.call_timeout,
+        &file.call_timeout,
+        Duration::from_secs(60),
+    )?;
+    let start_timeout = span(
+        "start_timeout",
+        &args.start_timeout,
+        &file.start_timeout,
+        Duration::from_secs(30),
+    )?;
+    let defaults = Recovery::default();
+    let recovery = Recovery {
+        every: span(
+            "recovery_interval",
+            &args.recovery_interval,
+            &file.recovery_interval,
+            defaults.every,
+        )?,
+        sweep_every: span(
+            "sweep_interval",
+            &args.sweep_interval,
+            &file.sweep_interval,
+            defaults.sweep_every,
+        )?,
     };
     let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
         flag.clone()
@@ -245,6 +274,7 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         max_argument_bytes: file
             .max_argument_bytes
             .unwrap_or(idemgate_downstream_mcp::DEFAULT_MAX_ARGUMENT_BYTES),
+        recovery,
         spec,
     })
 }
@@ -538,7 +568,7 @@ async fn serve(
         store,
         None,
         tools,
-        Recovery::default(),
+        settings.recovery,
     )?;
     let passthrough = Arc::new(ChildPassthrough {
         child: child.clone(),

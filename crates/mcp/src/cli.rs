@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use idemgate_core::contract::{Contract, LoadError};
 use idemgate_core::effect::Authorizer;
@@ -60,6 +61,23 @@ pub struct McpArgs {
     /// With `--config`, overrides its `[mcp] identity`.
     #[arg(long, value_name = "RULE", env = "IDEMGATE_IDENTITY")]
     pub identity: Option<idemgate_core::contract::Identity>,
+    /// How often the recoverer looks for due records (`2s`, `1m`). With `--config`, the
+    /// file's `[recovery] interval_seconds` applies instead.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = interval)]
+    pub recovery_interval: Duration,
+    /// How often settled records are compacted and purged (`5m`). With `--config`, the
+    /// file's `[recovery] sweep_interval_seconds` applies instead.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = interval)]
+    pub sweep_interval: Duration,
+}
+
+/// A background interval: a duration (`2s`, `5m`) longer than zero.
+pub fn interval(text: &str) -> Result<Duration, String> {
+    let span = idemgate_core::duration::Span::parse(text).map_err(|e| e.to_string())?;
+    if span.seconds() == 0 {
+        return Err("must be longer than zero".into());
+    }
+    Ok(span.as_duration())
 }
 
 /// Why `idemgate mcp` could not run.
@@ -89,70 +107,16 @@ pub enum Error {
     Config,
 }
 
-/// Expands one pattern: a `*` may appear in the last path segment only (`contracts/*.yaml`);
-/// a pattern without `*` names a file. Matches are sorted, so tools list in a stable order.
-pub fn expand(pattern: &str) -> Result<Vec<PathBuf>, Error> {
-    let glob_err = |message: &str| Error::Glob {
-        pattern: pattern.to_string(),
-        message: message.to_string(),
-    };
-    let path = Path::new(pattern);
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| glob_err("names no file"))?;
-    if !name.contains('*') {
-        if pattern.contains('*') {
-            return Err(glob_err("`*` is only expanded in the last path segment"));
-        }
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if dir.to_string_lossy().contains('*') {
-        return Err(glob_err("`*` is only expanded in the last path segment"));
-    }
-    let entries = std::fs::read_dir(&dir).map_err(|e| glob_err(&e.to_string()))?;
-    let mut found: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| e.file_name().to_str().is_some_and(|n| wildcard(name, n)))
-        .map(|e| e.path())
-        .collect();
-    found.sort();
-    Ok(found)
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-fn wildcard(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    if !text.starts_with(first) || text.len() < first.len() + last.len() {
-        return false;
-    }
-    let mut rest = &text[first.len()..text.len() - last.len()];
-    if !text.ends_with(last) {
-        return false;
-    }
-    for middle in &parts[1..parts.len() - 1] {
-        match rest.find(middle) {
-            Some(at) => rest = &rest[at + middle.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
 /// Loads every contract the patterns name.
 pub fn load_contracts(patterns: &[String]) -> Result<Vec<Arc<Contract>>, Error> {
     let mut files = Vec::new();
     for pattern in patterns {
-        files.extend(expand(pattern)?);
+        let found =
+            idemgate_app::contracts::expand(pattern, Path::new("")).map_err(|e| Error::Glob {
+                pattern: e.pattern,
+                message: e.message,
+            })?;
+        files.extend(found);
     }
     if files.is_empty() {
         return Err(Error::NoContracts(patterns.to_vec()));
@@ -234,7 +198,11 @@ pub fn assemble(
     contracts: Vec<Arc<Contract>>,
 ) -> Result<(Assembly, Option<FakeDownstreams>), Error> {
     let (tools, authorizer, fakes) = tools(args, &contracts)?;
-    let assembly = Assembly::new(args.local(), store, authorizer, tools, Recovery::default())?;
+    let recovery = Recovery {
+        every: args.recovery_interval,
+        sweep_every: args.sweep_interval,
+    };
+    let assembly = Assembly::new(args.local(), store, authorizer, tools, recovery)?;
     Ok((assembly, fakes))
 }
 
@@ -264,42 +232,4 @@ pub async fn run(
         ..Options::default()
     };
     Ok(assembly.serve_stdio(options, shutdown).await?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wildcards_match_like_a_shell_in_one_segment() {
-        for (pattern, text, expect) in [
-            ("*.yaml", "tickets.create.yaml", true),
-            ("*.yaml", "tickets.create.yml", false),
-            ("tickets.*.yaml", "tickets.get.yaml", true),
-            ("tickets.*.yaml", "email.send.yaml", false),
-            ("*", "anything", true),
-            ("a*b*c", "aXbYc", true),
-            ("a*b*c", "acb", false),
-            ("ab*ba", "aba", false),
-            ("exact", "exact", true),
-        ] {
-            assert_eq!(wildcard(pattern, text), expect, "{pattern} ~ {text}");
-        }
-    }
-
-    #[test]
-    fn expand_lists_sorted_files_and_refuses_stars_in_directories() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["b.yaml", "a.yaml", "c.txt"] {
-            std::fs::write(dir.path().join(name), "").unwrap();
-        }
-        let pattern = format!("{}/*.yaml", dir.path().display());
-        let found: Vec<String> = expand(&pattern)
-            .unwrap()
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(found, ["a.yaml", "b.yaml"]);
-        assert!(expand("contr*/x.yaml").is_err());
-    }
 }

@@ -1,10 +1,10 @@
 //! In-process fake downstreams for demos and tests: `idemgate mcp --fake-downstream`.
 //!
-//! Each contract gets its own [`FakeDownstream`], configured as its contract declares
-//! (deduplicates on the key, offers a receipt lookup), so the fake is no more forgiving than
-//! the real system of record would be: a duplicate the executor let through shows up as a
-//! second effect in the fake's own table, not absorbed by deduplication the contract does not
-//! promise.
+//! Each contract gets its own [`Sandbox`] (the product's sandbox, with scripted jobs),
+//! configured as its contract declares (deduplicates on the key, offers a receipt lookup), so
+//! the fake is no more forgiving than the real system of record would be: a duplicate the
+//! executor let through shows up as a second effect in the sandbox's own count, not absorbed by
+//! deduplication the contract does not promise.
 //!
 //! The fakes are controlled and read through one hidden tool, [`CONTROL_TOOL`], served only
 //! when fakes are in use. It is not listed by `tools/list` (a model should not see it), but a
@@ -12,13 +12,12 @@
 //! the next call (commit then drop the answer, accept a job, …), `complete_job` / `fail_job`
 //! finish an accepted job.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idemgate_conformance::downstream::{FakeDownstream, Fault, JobState};
 use idemgate_core::ErrorCode;
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::Downstream;
+use idemgate_sandbox::{Fault, Jobs, Sandbox, Sandboxes};
 use serde_json::{Map, Value, json};
 
 /// The hidden tool that reads and scripts the fake downstreams.
@@ -27,41 +26,31 @@ pub const CONTROL_TOOL: &str = "idemgate_fake_downstream";
 /// One fake system of record per contract, by contract name.
 #[derive(Clone, Debug, Default)]
 pub struct FakeDownstreams {
-    fakes: BTreeMap<String, FakeDownstream>,
+    fakes: Sandboxes,
 }
 
 impl FakeDownstreams {
     /// A fake per contract, with the contract's declared deduplication and receipt lookup.
     pub fn for_contracts(contracts: &[Arc<Contract>]) -> FakeDownstreams {
-        let fakes = contracts
-            .iter()
-            .map(|c| {
-                let fake = FakeDownstream::new()
-                    .deduplicating(c.deduplicates())
-                    .with_receipt_lookup(c.receipt_lookup());
-                (c.name.clone(), fake)
-            })
-            .collect();
-        FakeDownstreams { fakes }
+        FakeDownstreams {
+            fakes: Sandboxes::for_contracts(contracts.iter().map(Arc::as_ref), Jobs::Scripted),
+        }
     }
 
     /// The fake of one contract, as the executor's downstream.
     pub fn downstream(&self, contract: &str) -> Option<Arc<dyn Downstream>> {
-        self.fakes
-            .get(contract)
-            .map(|f| Arc::new(f.clone()) as Arc<dyn Downstream>)
+        self.fakes.downstream(contract)
     }
 
-    pub fn get(&self, contract: &str) -> Option<&FakeDownstream> {
+    pub fn get(&self, contract: &str) -> Option<&Sandbox> {
         self.fakes.get(contract)
     }
 
     /// Finds a fake by contract name or by its MCP tool name.
-    fn find(&self, tool: &str) -> Option<(&str, &FakeDownstream)> {
+    fn find(&self, tool: &str) -> Option<(&str, &Sandbox)> {
         self.fakes
             .iter()
-            .find(|(name, _)| name.as_str() == tool || crate::tools::tool_name(name) == tool)
-            .map(|(name, fake)| (name.as_str(), fake))
+            .find(|(name, _)| *name == tool || crate::tools::tool_name(name) == tool)
     }
 
     /// Carries out one call of [`CONTROL_TOOL`]. `Err` is a message for a tool error.
@@ -93,61 +82,16 @@ impl FakeDownstreams {
             }
             "complete_job" => {
                 let job = text("job_id").ok_or("`job_id` is required")?;
-                Self::running(fake, job)?;
-                fake.complete_job(job);
+                fake.complete_job(job)?;
             }
             "fail_job" => {
                 let job = text("job_id").ok_or("`job_id` is required")?;
-                Self::running(fake, job)?;
-                fake.fail_job(job, "the fake job failed");
+                fake.fail_job(job, "the fake job failed")?;
             }
             other => return Err(format!("unknown action `{other}`")),
         }
-        Ok(stats(name, fake))
+        Ok(idemgate_sandbox::stats(name, fake))
     }
-
-    /// The fake panics on finishing a job that is not running (a broken test); the control tool
-    /// answers an error instead.
-    fn running(fake: &FakeDownstream, job: &str) -> Result<(), String> {
-        match fake.job(job) {
-            Some(JobState::Running) => Ok(()),
-            Some(_) => Err(format!("job `{job}` already finished")),
-            None => Err(format!("no job `{job}`")),
-        }
-    }
-}
-
-/// The fake's own counts: what the system of record saw, independent of idemgate's store.
-fn stats(name: &str, fake: &FakeDownstream) -> Value {
-    let jobs: Vec<Value> = fake
-        .job_ids()
-        .into_iter()
-        .map(|id| {
-            let state = match fake.job(&id) {
-                Some(JobState::Running) => "running",
-                Some(JobState::Done(_)) => "done",
-                Some(JobState::Failed(_)) => "failed",
-                None => "missing",
-            };
-            json!({"job_id": id, "state": state})
-        })
-        .collect();
-    let effects: Vec<Value> = fake
-        .effect_log()
-        .into_iter()
-        .map(|e| json!({"key": e.key.as_str(), "reference": e.reference, "attempt": e.attempt}))
-        .collect();
-    json!({
-        "tool": name,
-        "effects": fake.effects(),
-        "calls": fake.calls(),
-        "deduplicated": fake.deduplicated(),
-        "lookups": fake.lookups(),
-        "polls": fake.polls(),
-        "faults_pending": fake.faults_pending(),
-        "effect_log": effects,
-        "jobs": jobs,
-    })
 }
 
 /// The input schema of [`CONTROL_TOOL`].
@@ -179,9 +123,9 @@ mod tests {
 
     #[test]
     fn control_reports_and_scripts_by_contract_or_tool_name() {
-        let fakes = FakeDownstreams {
-            fakes: BTreeMap::from([("tickets.create".to_string(), FakeDownstream::new())]),
-        };
+        let mut sandboxes = Sandboxes::default();
+        sandboxes.insert("tickets.create", Sandbox::new("ticket"));
+        let fakes = FakeDownstreams { fakes: sandboxes };
         let s = fakes
             .control(&args(json!({"action": "stats", "tool": "tickets_create"})))
             .unwrap();

@@ -6,6 +6,7 @@
 //! (The official Python SDK drives the same rule against the binary in
 //! `tests/python/test_identity.py`.)
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,6 @@ use idemgate_core::contract::Identity;
 use idemgate_core::duration::Span;
 use idemgate_core::effect::AllowAll;
 use idemgate_engine::{Caller, Executor, Settings};
-use idemgate_mcp::fake::FakeDownstreams;
 use idemgate_mcp::{Gateway, LocalGateway, Options};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -27,7 +27,7 @@ const T0: i64 = 1_796_119_200_000;
 
 struct World {
     gateway: Arc<LocalGateway>,
-    fakes: FakeDownstreams,
+    fakes: BTreeMap<String, FakeDownstream>,
     clock: Arc<ManualClock>,
     _dir: tempfile::TempDir,
 }
@@ -46,9 +46,21 @@ fn world() -> World {
         Arc::new(AllowAll),
         Settings::default(),
     );
-    let fakes = FakeDownstreams::for_contracts(&contracts);
+    // The conformance fakes, for their gates: a test pauses a worker with its request arrived.
+    let fakes: BTreeMap<String, FakeDownstream> = contracts
+        .iter()
+        .map(|c| {
+            let fake = FakeDownstream::new()
+                .deduplicating(c.deduplicates())
+                .with_receipt_lookup(c.receipt_lookup());
+            (c.name.clone(), fake)
+        })
+        .collect();
     let gateway = LocalGateway::new(executor, "test", contracts, |c| {
-        fakes.downstream(&c.name).ok_or_else(|| "no fake".into())
+        fakes
+            .get(&c.name)
+            .map(|f| Arc::new(f.clone()) as Arc<dyn idemgate_core::effect::Downstream>)
+            .ok_or_else(|| "no fake".into())
     })
     .unwrap();
     World {

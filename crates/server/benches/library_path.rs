@@ -27,7 +27,7 @@ use idemgate_core::contract::Contract;
 use idemgate_core::effect::{AllowAll, Downstream};
 use idemgate_core::outcome::Status;
 use idemgate_engine::{Caller, Executor, Operation, Settings};
-use idemgate_server::sandbox::Sandbox;
+use idemgate_sandbox::{Jobs, Sandbox};
 use idemgate_store_sqlite::SqliteStore;
 use serde_json::{Value, json};
 
@@ -181,7 +181,7 @@ fn main() {
         let text = std::fs::read_to_string(&args.contract).expect("the contract file");
         let contract = Contract::load(&text, &args.contract).expect("a valid contract");
         let store = SqliteStore::open(&args.store, Default::default()).expect("the store");
-        let downstream: Arc<dyn Downstream> = Arc::new(Sandbox::for_contract(&contract));
+        let downstream: Arc<dyn Downstream> = Arc::new(Sandbox::for_contract(&contract, Jobs::FirstPoll));
         let executor = Executor::new(
             Arc::new(store),
             Arc::new(SystemClock),

@@ -58,10 +58,6 @@ pub enum Error {
 /// with the key in `IDEMGATE_AUDIT_KEY` (unsigned, with a warning, when it is not set; a
 /// malformed key stops the start).
 pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let fail = |message: String| Error::Store {
-        url: redact(url),
-        message,
-    };
     let audit = idemgate_audit::sealer_from_env().map_err(|e| Error::Unsupported(e.to_string()))?;
     match audit.public_key() {
         Some(key) => tracing::info!(
@@ -74,38 +70,15 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
             idemgate_audit::KEY_VAR
         ),
     }
-    if let Some(path) = url.strip_prefix("sqlite://") {
-        if path.is_empty() {
-            return Err(fail("names no file; write sqlite://PATH".into()));
-        }
-        let store = idemgate_store_sqlite::SqliteStore::open(path, Default::default())
-            .map_err(|e| fail(e.to_string()))?
-            .with_sealer(audit);
-        return Ok(Arc::new(store));
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = idemgate_store_postgres::PgStore::connect(url, Default::default())
-            .await
-            .map_err(|e| fail(e.to_string()))?
-            .with_sealer(audit);
-        return Ok(Arc::new(store));
-    }
-    Err(fail("must start with sqlite:// or postgres://".into()))
+    idemgate_app::open_store(url, audit)
+        .await
+        .map_err(|e| Error::Store {
+            url: e.url,
+            message: e.message,
+        })
 }
 
-/// A store URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+pub use idemgate_app::redact;
 
 /// Picks how tools perform their effects.
 pub fn effects(config: &Config) -> Box<dyn Effects> {
@@ -338,18 +311,4 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         hangup.abort();
     }
     served.map_err(Error::Serve)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
-        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
-    }
 }

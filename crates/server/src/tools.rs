@@ -177,53 +177,11 @@ pub fn example_contracts() -> Result<Vec<Contract>, String> {
 pub fn expand(patterns: &[String], base: &Path) -> Result<Vec<PathBuf>, String> {
     let mut files = Vec::new();
     for pattern in patterns {
-        let path = base.join(pattern);
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| format!("contract pattern `{pattern}` names no file"))?;
-        if !name.contains('*') {
-            files.push(path);
-            continue;
-        }
-        let dir = path.parent().unwrap_or(base);
-        if dir.to_string_lossy().contains('*') {
-            return Err(format!(
-                "contract pattern `{pattern}`: `*` is allowed in the file name only"
-            ));
-        }
-        let mut matched: Vec<PathBuf> = match std::fs::read_dir(dir) {
-            Ok(entries) => entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| wildcard(name, n))
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        matched.sort();
-        files.extend(matched);
+        let found = idemgate_app::contracts::expand(pattern, base)
+            .map_err(|e| format!("contract pattern `{}`: {}", e.pattern, e.message))?;
+        files.extend(found);
     }
     Ok(files)
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-fn wildcard(pattern: &str, name: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == name,
-        Some((head, rest)) => {
-            let Some(tail) = name.strip_prefix(head) else {
-                return false;
-            };
-            (0..=tail.len())
-                .filter(|i| tail.is_char_boundary(*i))
-                .any(|i| wildcard(rest, &tail[i..]))
-        }
-    }
 }
 
 /// Reads and checks contract files.
@@ -242,15 +200,6 @@ pub fn load_files(files: &[PathBuf]) -> Result<Vec<Contract>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wildcards() {
-        assert!(wildcard("*.yaml", "a.yaml"));
-        assert!(wildcard("tickets.*.yaml", "tickets.create.yaml"));
-        assert!(!wildcard("*.yaml", "a.yml"));
-        assert!(wildcard("a", "a"));
-        assert!(!wildcard("a*b", "ac"));
-    }
 
     #[test]
     fn examples_load() {

@@ -355,6 +355,8 @@ fn args(config: &Path, tenant: &str) -> McpArgs {
         actor: "local-agent".into(),
         fake_downstream: true,
         identity: None,
+        recovery_interval: Duration::from_secs(2),
+        sweep_interval: Duration::from_secs(300),
     }
 }
 

@@ -28,8 +28,8 @@ fn place() -> Place {
 }
 
 fn worker(p: &Place, receipt: &str, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
-    cmd.args(["conformance", "worker", "--store", &p.store, "--ledger"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate-conformance"));
+    cmd.args(["worker", "--store", &p.store, "--ledger"])
         .arg(&p.ledger)
         .args(["--receipt", receipt])
         .args(extra);

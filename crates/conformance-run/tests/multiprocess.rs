@@ -1,7 +1,7 @@
 //! Many `idemgate` processes on one PostgreSQL database: the proof that the database's unique
 //! key and the fencing token hold across processes, not only across tasks.
 //!
-//! Every worker is the real binary (`idemgate conformance worker`) with its own pool, clock and
+//! Every worker is the real binary (`idemgate-conformance worker`) with its own pool, clock and
 //! executor. Effects are counted on the downstream's side: `LedgerDownstream` writes each one as
 //! a row of a SQLite file shared by all processes, which no executor reads or writes, so a green
 //! answer cannot hide a duplicate. Records are read back through `PgStore` directly.
@@ -67,8 +67,8 @@ macro_rules! database {
 
 /// The worker's command line: store, ledger and the arguments of one role.
 fn worker(db: &TestDatabase, ledger: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
-    cmd.args(["conformance", "worker", "--store", db.url(), "--ledger"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate-conformance"));
+    cmd.args(["worker", "--store", db.url(), "--ledger"])
         .arg(ledger)
         .args(args)
         .stdin(Stdio::null());
@@ -105,8 +105,8 @@ impl Processes {
     }
 
     fn command(&self, args: &[String]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
-        cmd.args(["conformance", "worker", "--store", &self.db_url, "--ledger"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate-conformance"));
+        cmd.args(["worker", "--store", &self.db_url, "--ledger"])
             .arg(&self.ledger)
             .args(args)
             .stdin(Stdio::null());
