@@ -17,8 +17,8 @@
 //!
 //! # What it keeps, and for how long
 //!
-//! Memory is bounded: per tool the sandbox remembers at most [`DEFAULT_CAPACITY`] (229,376)
-//! receipts (16 bytes of key digest and a number each; about 13 MB for a full tool), the
+//! Memory is bounded: per tool the sandbox remembers at most [`DEFAULT_CAPACITY`] (57,344)
+//! receipts (16 bytes of key digest and a number each; about 3.2 MB for a full tool), the
 //! last [`LOG_LEN`] effects in full for [`Sandbox::effect_log`], and at most the capacity of
 //! accepted jobs. What it may forget follows from when the executor asks a downstream about a
 //! key again: only while the gateway's own record of that key is unsettled — after an ambiguous
@@ -32,7 +32,7 @@
 //!   delivered one. A lookup or a resend under its key finds it.
 //! - A receipt whose answer was delivered is kept for the next [`DEFAULT_CAPACITY`] effects of
 //!   its tool (at 8,600 unique calls a second, the gateway's best measured SQLite rate, about
-//!   27 s), then forgotten, oldest first.
+//!   7 s), then forgotten, oldest first.
 //! - Once it has forgotten anything, a lookup of a key it does not hold answers
 //!   [`Lookup::Unavailable`] instead of [`Lookup::NotFound`]: "not found" would tell the
 //!   executor that a forgotten effect never happened, and so invite a second one.
@@ -52,10 +52,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// Receipts remembered per tool: delivered ones, and separately as many pinned ones.
-/// 7/8 of 2^18: the most a hash table of 2^18 slots holds before it doubles, so a full
-/// sandbox's table takes about 8.6 MB (slots of 32 bytes and a control byte) and its queue
-/// 4.2 MB, not twice that.
-pub const DEFAULT_CAPACITY: usize = 7 << 15;
+/// 7/8 of 2^16: the most a hash table of 2^16 slots holds before it doubles, so a full
+/// sandbox's table takes about 2.2 MB (slots of 32 bytes and a control byte) and its queue
+/// 1 MB, not twice that. (7/8 of 2^18 measured 103 MiB RSS for the whole default `serve`
+/// under load, past the 100 MB budget; a quarter of it leaves room.)
+pub const DEFAULT_CAPACITY: usize = 7 << 13;
 
 /// Effects kept in full (key, reference, attempt) for [`Sandbox::effect_log`].
 pub const LOG_LEN: usize = 100;
