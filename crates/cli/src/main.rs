@@ -16,6 +16,7 @@ mod conformance;
 mod consume;
 mod contract;
 mod demo;
+mod logs;
 mod migrate;
 mod ops;
 mod outbox;
@@ -84,8 +85,9 @@ enum Command {
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
 /// (the access log, one line per request) and every other command logs nothing: the demo's
 /// output is for people, and keys, fingerprints and references are all a log line would add.
-/// A server also exports traces when the OTLP variables ask for it (see `traces`).
-fn logs(format: LogFormat, server: bool) -> Option<Traces> {
+/// A server also exports traces when the OTLP variables ask for it (see `traces`). Lines are
+/// written by a thread of their own (`logs`); the returned writer is flushed before exiting.
+fn logs(format: LogFormat, server: bool) -> (Option<Traces>, logs::Lines) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -95,7 +97,8 @@ fn logs(format: LogFormat, server: bool) -> Option<Traces> {
         _ if server => EnvFilter::new("warn,idemgate=info"),
         _ => EnvFilter::new("off"),
     };
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = logs::Lines::stderr();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(lines.clone());
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match format {
         LogFormat::Json => fmt
             .json()
@@ -113,7 +116,7 @@ fn logs(format: LogFormat, server: bool) -> Option<Traces> {
     let _ = Registry::default()
         .with(layers.with_filter(filter))
         .try_init();
-    traces
+    (traces, lines)
 }
 
 #[cfg(feature = "otel")]
@@ -153,7 +156,7 @@ const FAILURE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `idemgate mcp` speaks JSON-RPC on stdout; its logs, like every command's, go to stderr.
-    let traces = logs(
+    let (traces, lines) = logs(
         cli.log_format,
         matches!(
             cli.command,
@@ -203,6 +206,7 @@ fn main() -> ExitCode {
     if let Some(traces) = traces {
         traces.shutdown();
     }
+    lines.flush();
     match result {
         Ok(code) => code,
         Err(error) => {

@@ -130,6 +130,14 @@ pub enum Authorization {
 /// The live authorization check against the system of record.
 pub trait Authorizer: Send + Sync {
     fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization>;
+
+    /// Whether a decision about `tool` asks anything: `false` when every request for it is
+    /// allowed without consulting a hook, so that the order of the executor's steps around the
+    /// decision cannot matter. `true` unless an authorizer knows better.
+    fn asks(&self, tool: &str) -> bool {
+        let _ = tool;
+        true
+    }
 }
 
 /// Allows everything: for contracts that do not ask for a recheck, and for tests.
@@ -139,5 +147,8 @@ pub struct AllowAll;
 impl Authorizer for AllowAll {
     fn authorize<'a>(&'a self, _request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
         Box::pin(std::future::ready(Authorization::Allowed))
+    }
+    fn asks(&self, _tool: &str) -> bool {
+        false
     }
 }

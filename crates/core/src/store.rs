@@ -250,6 +250,17 @@ pub trait Store: Send + Sync + 'static {
     /// insert in the same transaction, and only if it inserted.
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>>;
 
+    /// Whether [`Store::claim`] may stand in for the read before it: a claim that meets an
+    /// existing record writes nothing (no row, no trace entry, nothing to commit) and answers
+    /// it in the one round trip a [`Store::get`] would take. The executor then claims a new
+    /// delivery's key without reading it first, where nothing between the read and the claim
+    /// could refuse the delivery (see `Executor::keyed`). `false` unless a store says so;
+    /// wrappers that count or fail writes keep `false`, so that every replay they see is a
+    /// read.
+    fn claim_replaces_read(&self) -> bool {
+        false
+    }
+
     /// Like [`Store::claim`], for a tool with a duplicate-intent window, atomically: when a
     /// record of the same tenant, environment and tool with the same fingerprint, claimed with
     /// `intent_window`, under another key, created at or after `since` exists, nothing is
@@ -362,6 +373,9 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
         (**self).claim(record, events)
+    }
+    fn claim_replaces_read(&self) -> bool {
+        (**self).claim_replaces_read()
     }
     fn claim_unless_duplicate(
         &self,

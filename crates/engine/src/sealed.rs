@@ -206,6 +206,10 @@ impl<S: Store> Store for SealedStore<S> {
         })
     }
 
+    fn claim_replaces_read(&self) -> bool {
+        self.inner.claim_replaces_read()
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,

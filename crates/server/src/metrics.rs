@@ -151,6 +151,9 @@ impl Store for MeteredStore {
             answer
         })
     }
+    fn claim_replaces_read(&self) -> bool {
+        self.inner.claim_replaces_read()
+    }
     fn claim_unless_duplicate(
         &self,
         record: Record,

@@ -138,6 +138,17 @@ impl Authorizer for Dispatch {
             ))),
         }
     }
+
+    /// A loaded tool without a hook is allowed without asking; anything else may be refused.
+    fn asks(&self, tool: &str) -> bool {
+        !matches!(
+            self.tools.get(tool),
+            Some(Tool {
+                authorizer: None,
+                ..
+            })
+        )
+    }
 }
 
 /// The example contracts, embedded so that `idemgate serve` without configuration runs from

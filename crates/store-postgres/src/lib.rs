@@ -983,6 +983,14 @@ impl Store for PgStore {
         Box::pin(self.claim_record(record, events))
     }
 
+    /// The claim is claim-or-load in one statement (`sql::CLAIM`, `sql::CLAIM_BATCH`): on an
+    /// existing key `ON CONFLICT DO NOTHING` inserts no row, the trace's insert joins only
+    /// inserted rows, and the statement reads the existing row instead — no tuple written, no
+    /// transaction id taken, one round trip like the read.
+    fn claim_replaces_read(&self) -> bool {
+        true
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,

@@ -245,9 +245,13 @@ impl Executor {
         effect: &dyn Downstream,
     ) -> Outcome {
         // A read first: a replay must never write, and most duplicates are replays. A settled
-        // record seen before cannot have changed since, and is not read again.
+        // record seen before cannot have changed since, and is not read again. Where the
+        // store's claim of an existing key writes nothing and reads it in the same round trip,
+        // and nothing between the read and the claim could refuse this delivery (no hook to
+        // ask, no duplicate-intent check), the claim is the read.
         let existing = match self.settled.get(&key, self.now()) {
             Some(record) => Some(record),
+            None if self.claim_is_read(contract) => None,
             None => match self.store.get(&key).await {
                 Ok(Some(record)) => {
                     self.settled.offer(&record, self.now());
@@ -306,6 +310,7 @@ impl Executor {
         match claimed {
             Err(e) => store_down(Some(key), &e),
             Ok(Claimed::Existing(record)) => {
+                self.settled.offer(&record, self.now());
                 self.existing(contract, operation, record, arguments, fingerprint, effect)
                     .await
             }
@@ -333,6 +338,17 @@ impl Executor {
                 ),
             },
         }
+    }
+
+    /// Whether this delivery's claim stands in for the read before it (see `keyed`): the store
+    /// says a claim of an existing key writes nothing, the contract has no duplicate-intent
+    /// window (whose check must not run for a replay), and the decision before the claim asks
+    /// no hook, so that claiming before knowing whether the key is new changes nothing a hook
+    /// or the trace could see.
+    fn claim_is_read(&self, contract: &Contract) -> bool {
+        self.store.claim_replaces_read()
+            && contract.duplicate_intent_window().is_none()
+            && (!contract.recheck_authorization() || !self.authorizer.asks(&contract.name))
     }
 
     /// The same request ran under `other` within the window: hold this one for an operator,
