@@ -7,7 +7,7 @@
 
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use idemgate_core::audit::Entry;
 use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
@@ -36,6 +36,9 @@ const BUCKETS: &[f64] = &[
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// How often the recorder's histograms fold their raw samples into buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// The process's Prometheus recorder, installed on first use. Metrics are process-wide: several
 /// gateways in one process (tests) share them. `None` when another recorder was installed
 /// first.
@@ -46,6 +49,19 @@ pub fn handle() -> Option<PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            // A histogram keeps its raw samples until they are folded into its buckets, which
+            // `/metrics` does when scraped: a gateway nobody scrapes would grow by every
+            // request's samples. Fold them every few seconds whatever the scraping.
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_EVERY);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .ok()?;
             metrics::describe_counter!(OUTCOMES, "Deliveries by tool and outcome status.");
             metrics::describe_histogram!(
                 CLAIM_SECONDS,
