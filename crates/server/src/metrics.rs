@@ -52,16 +52,17 @@ pub fn handle() -> Option<PrometheusHandle> {
             // A histogram keeps its raw samples until they are folded into its buckets, which
             // `/metrics` does when scraped: a gateway nobody scrapes would grow by every
             // request's samples. Fold them every few seconds whatever the scraping.
+            // Without the thread (it could not be started) `/metrics` still folds them when
+            // scraped: the recorder stays.
             let upkeep = handle.clone();
-            std::thread::Builder::new()
+            let _ = std::thread::Builder::new()
                 .name("metrics-upkeep".into())
                 .spawn(move || {
                     loop {
                         std::thread::sleep(UPKEEP_EVERY);
                         upkeep.run_upkeep();
                     }
-                })
-                .ok()?;
+                });
             metrics::describe_counter!(OUTCOMES, "Deliveries by tool and outcome status.");
             metrics::describe_histogram!(
                 CLAIM_SECONDS,
