@@ -42,6 +42,7 @@ pub mod machine;
 pub mod outcome;
 pub mod record;
 pub mod store;
+pub mod trace;
 pub mod transitions;
 pub mod webhook;
 

@@ -5,8 +5,8 @@
 //! Per client count, each for a fixed duration:
 //!
 //! - **pgbench, unique**: one pgbench transaction is the store's claim statement (insert with
-//!   its three events, `testing::statements::CLAIM`) followed by its finalise statement (the
-//!   fenced update to `applied` with three events, `TRANSITION`), each in its own implicit
+//!   its three trace entries, `testing::statements::CLAIM`) followed by its finalise statement
+//!   (the fenced update to `applied` appending three entries, `TRANSITION`), each in its own implicit
 //!   transaction, prepared (`-M prepared`), on a new key each time — the text of both is taken
 //!   from the store and only its parameters are filled in. pgbench's sessions get the store's
 //!   planner settings (`PGOPTIONS`), so both sides run the same plans.
@@ -163,11 +163,7 @@ fn pgbench_scripts(dir: &Path) -> (PathBuf, PathBuf) {
             // Not settled yet: no expiry until the finalise sets one, as the executor claims.
             "9223372036854775807",
             "9223372036854775807",
-            "'{proposed,validated,claimed}'",
-            "'{1800000000000,1800000000000,1800000000000}'",
-            "'{1,1,1}'",
-            "'{pgbench,pgbench,pgbench}'",
-            "'{NULL,NULL,NULL}'",
+            r#"E'["proposed",1800000000000,1,"pgbench",null]\n["validated",1800000000000,1,"pgbench",null]\n["claimed",1800000000000,1,"pgbench",null]\n'"#,
             "false",
         ],
     );
@@ -194,14 +190,12 @@ fn pgbench_scripts(dir: &Path) -> (PathBuf, PathBuf) {
             "NULL",
             "NULL",
             "1800000000001",
-            "'{sent,committed,acknowledged}'",
-            "'{1800000000001,1800000000001,1800000000001}'",
-            "'{1,1,1}'",
-            "'{pgbench,pgbench,pgbench}'",
-            "'{NULL,ticket,NULL}'",
+            r#"E'["sent",1800000000001,1,"pgbench",null]\n["committed",1800000000001,1,"pgbench","ticket"]\n["acknowledged",1800000000001,1,"pgbench",null]\n'"#,
             // The expiry the settling finalise fixes: retention counts from settlement.
             "1800086400001",
             "1800172800001",
+            // Any dispatch marker.
+            "NULL",
         ],
     );
     let unique = dir.join("claim_finalise.sql");
@@ -275,10 +269,7 @@ async fn truncate(url: &str) {
         .unwrap();
     let connection = tokio::spawn(connection);
     // Separate calls: a multi-statement string runs as one transaction, where VACUUM may not.
-    for sql in [
-        "TRUNCATE operations, events",
-        "VACUUM ANALYZE operations, events",
-    ] {
+    for sql in ["TRUNCATE operations", "VACUUM ANALYZE operations"] {
         client.batch_execute(sql).await.unwrap();
     }
     drop(client);

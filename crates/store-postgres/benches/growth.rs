@@ -12,7 +12,7 @@
 //!
 //! Per size, a database `idemgate_grow_<size>` is created through `DATABASE_URL` (dropped
 //! first if a run left it behind), the store migrates it, and the loader copies the rows of
-//! the store's schema into `operations` and their trace into `events` with `COPY … FROM STDIN`
+//! the store's schema, each with its trace in the row, into `operations` with `COPY … FROM STDIN`
 //! (text format), in key order, in one transaction; `VACUUM ANALYZE` follows, as autovacuum
 //! would after a load. The database's size is measured, the operations run on a store of
 //! `--callers` connections (batching as by default), and the database is dropped.
@@ -26,6 +26,7 @@ use futures_util::Sink;
 use idemgate_conformance::growth::{self, ms};
 use idemgate_core::clock::{Clock, SystemClock};
 use idemgate_core::store::Store;
+use idemgate_core::trace;
 use idemgate_store_postgres::{Options, PgStore};
 use tokio_postgres::NoTls;
 
@@ -142,20 +143,19 @@ async fn send(
 const OPERATIONS: &str = "COPY operations (tenant, key, tool, tool_version, fingerprint, \
     canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, job_id, \
     effect_reference, result, error_code, error_message, actor, request, approved_by, created_at, \
-    updated_at, expires_at, purge_at, intent_window) FROM STDIN";
-const EVENTS: &str = "COPY events (tenant, key, kind, at, attempt, worker, detail) FROM STDIN";
+    updated_at, expires_at, purge_at, intent_window, trace) FROM STDIN";
 
-/// Copies the `n` records into `operations` and their trace into `events`, in one transaction.
+/// Copies the `n` records, each with its trace in the row, into `operations` in one transaction.
 async fn load(client: &mut tokio_postgres::Client, n: u64, now: i64) {
     let contract = growth::contract();
     let tx = client.transaction().await.expect("a transaction");
-    for table in [OPERATIONS, EVENTS] {
-        let sink = tx.copy_in(table).await.expect("the copy starts");
+    {
+        let sink = tx.copy_in(OPERATIONS).await.expect("the copy starts");
         let mut sink = pin!(sink);
         let mut chunk = String::with_capacity(1 << 20);
         for i in 0..n {
             let (r, events) = growth::row(&contract, i, n, now);
-            if table == OPERATIONS {
+            {
                 let (canon, fence, created, updated, expires, purge) = (
                     r.canonicalization.to_string(),
                     r.fence.to_string(),
@@ -192,24 +192,9 @@ async fn load(client: &mut tokio_postgres::Client, n: u64, now: i64) {
                         Some(&expires),
                         Some(&purge),
                         Some(if r.intent_window { "t" } else { "f" }),
+                        Some(&trace::encode(&events)),
                     ],
                 );
-            } else {
-                for e in &events {
-                    let (at, attempt) = (e.at.to_string(), e.attempt.to_string());
-                    line(
-                        &mut chunk,
-                        &[
-                            Some(&r.tenant),
-                            Some(&r.key),
-                            Some(e.kind.as_str()),
-                            Some(&at),
-                            Some(&attempt),
-                            Some(&e.worker),
-                            e.detail.as_deref(),
-                        ],
-                    );
-                }
             }
             if chunk.len() > 1 << 20 {
                 send(&mut sink, std::mem::take(&mut chunk)).await;
@@ -275,36 +260,25 @@ fn main() {
                 .batch_execute("VACUUM ANALYZE operations")
                 .await
                 .expect("vacuum");
-            loader
-                .batch_execute("VACUUM ANALYZE events")
-                .await
-                .expect("vacuum");
             let bytes: i64 = loader
                 .query_one("SELECT pg_database_size(current_database())", &[])
                 .await
                 .unwrap()
                 .get(0);
-            let (operations, events): (i64, i64) = {
-                let row = loader
-                    .query_one(
-                        "SELECT pg_total_relation_size('operations'), \
-                         pg_total_relation_size('events')",
-                        &[],
-                    )
-                    .await
-                    .unwrap();
-                (row.get(0), row.get(1))
-            };
+            let operations: i64 = loader
+                .query_one("SELECT pg_total_relation_size('operations')", &[])
+                .await
+                .unwrap()
+                .get(0);
             let per_million = |b: i64| b as f64 / 1e6 / (n as f64 / 1e6);
             println!(
                 "\n## {n} records: loaded in {:.1} s (+ vacuum {:.1} s), database {:.1} MB \
-                 ({:.0} MB per million records: operations {:.0}, events {:.0})",
+                 ({:.0} MB per million records, operations with their traces {:.0})",
                 loaded.as_secs_f64(),
                 (started.elapsed() - loaded).as_secs_f64(),
                 bytes as f64 / 1e6,
                 per_million(bytes),
                 per_million(operations),
-                per_million(events),
             );
             let store: Arc<dyn Store> = Arc::new(
                 PgStore::connect(&url, options)

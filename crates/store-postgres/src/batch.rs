@@ -22,8 +22,8 @@
 //! # What every batch keeps of the single-row statements
 //!
 //! - **One statement, one implicit transaction, at READ COMMITTED**: each caller is answered
-//!   only after the commit of the statement that carried its row, and a row's events are
-//!   inserted by the same statement as the row, in the order given.
+//!   only after the commit of the statement that carried its row, and a row's trace entries
+//!   are written by the same statement into the row, in the order given.
 //! - **Claim-or-load**: `INSERT … SELECT … ON CONFLICT DO NOTHING` decides each key on the
 //!   unique index exactly as a single claim does; the statement also reads the rows that
 //!   already existed. A key neither inserted nor found (a concurrent claim committed after the
@@ -58,11 +58,12 @@ use deadpool_postgres::Pool;
 
 use idemgate_core::record::{Event, Record, Row};
 use idemgate_core::store::{self, Cas, Claimed, Transition};
+use idemgate_core::trace;
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
 use crate::conn::{self, Kind};
-use crate::{EventColumns, PgStore, expiry_columns, record_of, request_columns, sql};
+use crate::{PgStore, expiry_columns, record_of, request_columns, sql};
 
 /// What a queued caller is told.
 pub(crate) enum Reply<T> {
@@ -325,7 +326,7 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
     }
     by_key(&mut jobs);
     let rows: Vec<Row> = jobs.iter().map(|j| Row::from_record(&j.record)).collect();
-    let ev = BatchEvents::of(jobs.iter().map(|j| j.events.as_slice()));
+    let trace: Vec<String> = jobs.iter().map(|j| trace::encode(&j.events)).collect();
     let col = |f: fn(&Row) -> &String| rows.iter().map(f).collect::<Vec<_>>();
     let opt = |f: fn(&Row) -> &Option<String>| rows.iter().map(f).collect::<Vec<_>>();
     let int = |f: fn(&Row) -> i64| rows.iter().map(f).collect::<Vec<_>>();
@@ -364,7 +365,7 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
         int(|r| r.purge_at),
     );
     let intent_window: Vec<bool> = rows.iter().map(|r| r.intent_window).collect();
-    let params: [&(dyn ToSql + Sync); 30] = [
+    let params: [&(dyn ToSql + Sync); 25] = [
         &tenant,
         &key,
         &tool,
@@ -388,12 +389,7 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
         &updated_at,
         &expires_at,
         &purge_at,
-        &ev.request,
-        &ev.columns.kind,
-        &ev.columns.at,
-        &ev.columns.attempt,
-        &ev.columns.worker,
-        &ev.columns.detail,
+        &trace,
         &intent_window,
     ];
     count(batcher, jobs.len());
@@ -473,8 +469,8 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let now: Vec<i64> = ts.iter().map(|t| t.now).collect();
     let (expires_at, purge_at): (Vec<Option<i64>>, Vec<Option<i64>>) =
         ts.iter().map(|t| expiry_columns(t.expiry)).unzip();
-    let ev = BatchEvents::of(ts.iter().map(|t| t.events.as_slice()));
-    let params: [&(dyn ToSql + Sync); 29] = [
+    let trace: Vec<String> = ts.iter().map(|t| trace::encode(&t.events)).collect();
+    let params: [&(dyn ToSql + Sync); 24] = [
         &tenant,
         &key,
         &expect_fence,
@@ -495,12 +491,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         &approved_by,
         &fingerprint,
         &now,
-        &ev.request,
-        &ev.columns.kind,
-        &ev.columns.at,
-        &ev.columns.attempt,
-        &ev.columns.worker,
-        &ev.columns.detail,
+        &trace,
         &expires_at,
         &purge_at,
         &expect_dispatch,
@@ -552,28 +543,5 @@ fn fail<T>(replies: impl Iterator<Item = oneshot::Sender<Reply<T>>>, e: store::E
             _ => Reply::Alone,
         };
         let _ = reply.send(answer);
-    }
-}
-
-/// The events of a batch as parallel arrays, each tagged with the position (from 1) of its
-/// request in the batch; their order is the order given.
-struct BatchEvents {
-    request: Vec<i64>,
-    columns: EventColumns,
-}
-
-impl BatchEvents {
-    fn of<'a>(per_request: impl Iterator<Item = &'a [Event]>) -> BatchEvents {
-        let mut ev = BatchEvents {
-            request: Vec::new(),
-            columns: EventColumns::default(),
-        };
-        for (i, events) in per_request.enumerate() {
-            for e in events {
-                ev.request.push(i as i64 + 1);
-                ev.columns.push(e);
-            }
-        }
-        ev
     }
 }

@@ -52,11 +52,12 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idemgate_core::audit::{Draft, Entry, Sealer};
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, EventKind, Millis, Record, Row};
+use idemgate_core::record::{Event, Millis, Record, Row};
 use idemgate_core::store::{
     self, BoxFuture, Cas, Claimed, Due, Expiry, Filter, RequestUpdate, Store, SweepReport,
     Transition, Waiting, WaitingOn,
 };
+use idemgate_core::trace;
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
@@ -364,7 +365,7 @@ impl PgStore {
         events: Vec<Event>,
     ) -> Result<Claimed, store::Error> {
         let row = Row::from_record(&record);
-        let ev = EventColumns::of(&events);
+        let ev = trace::encode(&events);
         let mut conn = self.conn().await?;
         claim_with(&mut conn, Kind::Write, &record, &row, &ev).await
     }
@@ -467,20 +468,12 @@ impl PgStore {
         if events.is_empty() {
             return Ok(());
         }
-        let ev = EventColumns::of(&events);
+        let ev = trace::encode(&events);
         let mut conn = self.conn().await?;
         conn.run(
             Kind::Write,
             sql::APPEND_EVENTS,
-            &[
-                &key.tenant(),
-                &key.as_str(),
-                &ev.kind,
-                &ev.at,
-                &ev.attempt,
-                &ev.worker,
-                &ev.detail,
-            ],
+            &[&key.tenant(), &key.as_str(), &ev],
         )
         .await?;
         Ok(())
@@ -495,24 +488,15 @@ impl PgStore {
                 &[(&key.tenant(), Type::TEXT), (&key.as_str(), Type::TEXT)],
             )
             .await?;
-        rows.iter()
-            .map(|r| {
-                let corrupt = |e: tokio_postgres::Error| {
-                    store::Error::Corrupt(format!("event of {key} is unreadable: {e}"))
-                };
-                let kind: String = r.try_get(0).map_err(corrupt)?;
-                let attempt: i64 = r.try_get(2).map_err(corrupt)?;
-                Ok(Event {
-                    kind: EventKind::parse(&kind).ok_or_else(|| {
-                        store::Error::Corrupt(format!("event of {key} has unknown kind `{kind}`"))
-                    })?,
-                    at: r.try_get(1).map_err(corrupt)?,
-                    attempt: attempt.max(0) as u64,
-                    worker: r.try_get(3).map_err(corrupt)?,
-                    detail: r.try_get(4).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        match rows.first() {
+            None => Ok(Vec::new()),
+            Some(r) => {
+                let text: String = r.try_get(0).map_err(|e| {
+                    store::Error::Corrupt(format!("the trace of {key} is unreadable: {e}"))
+                })?;
+                trace::decode(key, &text)
+            }
+        }
     }
 
     async fn list_records(&self, filter: Filter) -> Result<Vec<Record>, store::Error> {
@@ -622,7 +606,7 @@ impl PgStore {
         since: Millis,
     ) -> Result<Claimed, store::Error> {
         let row = Row::from_record(&record);
-        let ev = EventColumns::of(&events);
+        let ev = trace::encode(&events);
         let mut conn = self.conn().await?;
         // Until COMMIT is sent nothing can have been written, so every failure before it is
         // `Unavailable` (statements classified as reads) and leaves the transaction to be
@@ -729,7 +713,7 @@ async fn guarded(
     conn: &mut Conn,
     record: &Record,
     row: &Row,
-    ev: &EventColumns,
+    ev: &str,
     since: Millis,
 ) -> Result<(Claimed, bool), store::Error> {
     let request = sql::duplicate_lock_request(&row.tenant, &row.tool, &row.fingerprint);
@@ -779,7 +763,7 @@ async fn claim_with(
     kind: Kind,
     record: &Record,
     row: &Row,
-    ev: &EventColumns,
+    ev: &str,
 ) -> Result<Claimed, store::Error> {
     // Two rounds are enough for the READ COMMITTED gap (see `sql`); a third guards against
     // a purge racing the re-read, after which the key is free and the claim inserts.
@@ -812,11 +796,7 @@ async fn claim_with(
                     &row.updated_at,
                     &row.expires_at,
                     &row.purge_at,
-                    &ev.kind,
-                    &ev.at,
-                    &ev.attempt,
-                    &ev.worker,
-                    &ev.detail,
+                    &ev,
                     &row.intent_window,
                 ],
             )
@@ -856,7 +836,7 @@ pub(crate) async fn transition_with(
     next.set_state(&t.next);
     let (replace_request, request) = request_columns(&t.request);
     let fingerprint = t.fingerprint.as_ref().map(|f| f.as_str().to_string());
-    let ev = EventColumns::of(&t.events);
+    let ev = trace::encode(&t.events);
     let expect_fence = t.expect.fence as i64;
     let fence = t.fence as i64;
     let (expires_at, purge_at) = expiry_columns(t.expiry);
@@ -885,11 +865,7 @@ pub(crate) async fn transition_with(
                 &t.approved_by,
                 &fingerprint,
                 &t.now,
-                &ev.kind,
-                &ev.at,
-                &ev.attempt,
-                &ev.worker,
-                &ev.detail,
+                &ev,
                 &expires_at,
                 &purge_at,
                 &t.expect.dispatch,
@@ -917,32 +893,6 @@ pub(crate) fn record_of(r: &tokio_postgres::Row, offset: usize) -> Result<Record
         .map_err(|e| store::Error::Corrupt(format!("unreadable operations row: {e}")))?;
     row.into_record()
         .map_err(|e| store::Error::Corrupt(e.to_string()))
-}
-
-/// Events as parallel arrays, the shape `unnest` turns back into rows inside one statement.
-#[derive(Default)]
-pub(crate) struct EventColumns {
-    pub(crate) kind: Vec<&'static str>,
-    pub(crate) at: Vec<i64>,
-    pub(crate) attempt: Vec<i64>,
-    pub(crate) worker: Vec<String>,
-    pub(crate) detail: Vec<Option<String>>,
-}
-
-impl EventColumns {
-    fn of(events: &[Event]) -> EventColumns {
-        let mut columns = EventColumns::default();
-        events.iter().for_each(|e| columns.push(e));
-        columns
-    }
-
-    pub(crate) fn push(&mut self, e: &Event) {
-        self.kind.push(e.kind.as_str());
-        self.at.push(e.at);
-        self.attempt.push(e.attempt as i64);
-        self.worker.push(e.worker.clone());
-        self.detail.push(e.detail.clone());
-    }
 }
 
 /// A transition's request change as the statements' two parameters: whether to replace the

@@ -29,6 +29,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0006_webhook_events",
         include_str!("../migrations/0006_webhook_events.sql"),
     ),
+    (
+        "0007_trace_in_row",
+        include_str!("../migrations/0007_trace_in_row.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

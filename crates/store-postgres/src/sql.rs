@@ -21,9 +21,10 @@
 //! Every statement runs at READ COMMITTED, pinned per connection in [`crate::PgStore::connect`]
 //! so that a server configured with another default cannot change the behaviour. Each store
 //! operation is **one statement**, in its own implicit transaction (a batch statement carries
-//! several operations, each decided by the same rules below, row by row: see `batch`); the events a claim or a
-//! transition appends are inserted by a data-modifying CTE of that same statement, so the record
-//! and its trace commit together or not at all. READ COMMITTED is enough because of how
+//! several operations, each decided by the same rules below, row by row: see `batch`); the trace
+//! entries a claim or a transition adds are written into the operation's own `trace` column by
+//! that same statement (migration 0007, `idemgate_core::trace`), so the record and its trace
+//! commit together or not at all. READ COMMITTED is enough because of how
 //! PostgreSQL runs a write that meets a concurrent writer:
 //!
 //! - `INSERT … ON CONFLICT (tenant, key) DO NOTHING` checks the unique index, not a snapshot. If
@@ -49,8 +50,7 @@
 //!   same expectation both succeed (a lost update). There the compare-and-set needs SERIALIZABLE
 //!   or a `SELECT … FOR UPDATE` before the update, in one explicit transaction.
 //! - MySQL/InnoDB: an UPDATE reads the latest committed version (a locking read), so the fenced
-//!   update holds, but CTEs cannot write (the events need an explicit transaction) and
-//!   `INSERT IGNORE` swallows errors other than a duplicate key.
+//!   update holds, but `INSERT IGNORE` swallows errors other than a duplicate key.
 //! - CockroachDB runs SERIALIZABLE and retries a conflicting single-statement transaction by
 //!   itself, so these statements carry over, at the price of retries under contention.
 //!
@@ -86,13 +86,11 @@ pub(crate) const GET: &str = concat!(
     " FROM operations WHERE tenant = $1 AND key = $2"
 );
 
-/// Claim-or-load in one round trip. `$1..$23` and `$29` are the row (`$29` its
-/// `intent_window`, the column added last), `$24..$28` the events as parallel arrays (kind, at,
-/// attempt, worker, detail).
+/// Claim-or-load in one round trip. `$1..$23` and `$25` are the row (`$25` its
+/// `intent_window`), `$24` its first trace entries (`idemgate_core::trace::encode`).
 ///
-/// The events are inserted by a cross join with `ins`, so they exist only if the row was
-/// inserted; `WITH ORDINALITY` and the `ORDER BY` give them ids in the order they were passed.
-/// The second branch reads the existing row from the statement's snapshot; when the insert
+/// The trace goes into the inserted row, so an existing key's row is left untouched: no tuple
+/// written, no transaction id taken. The second branch reads the existing row from the statement's snapshot; when the insert
 /// happened, that snapshot cannot contain the new row, so at most one row is returned — except
 /// in one race (the existing row was purged after our snapshot and we inserted anew), where the
 /// caller prefers the inserted row.
@@ -100,20 +98,13 @@ pub(crate) const CLAIM: &str = concat!(
     "WITH ins AS (
         INSERT INTO operations (",
     columns!(),
-    ")
+    ", trace)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                $18, $19, $20, $21, $22, $23, $29)
+                $18, $19, $20, $21, $22, $23, $25, $24)
         ON CONFLICT (tenant, key) DO NOTHING
         RETURNING ",
     columns!(),
     "
-    ), ev AS (
-        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-        SELECT ins.tenant, ins.key, e.kind, e.at, e.attempt, e.worker, e.detail
-        FROM ins,
-             unnest($24::text[], $25::bigint[], $26::bigint[], $27::text[], $28::text[])
-                 WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
-        ORDER BY e.ord
     )
     SELECT true AS inserted, ",
     columns!(),
@@ -124,14 +115,15 @@ pub(crate) const CLAIM: &str = concat!(
     " FROM operations WHERE tenant = $1 AND key = $2"
 );
 
-/// One fenced compare-and-set with its events, in one statement.
+/// One fenced compare-and-set with its trace entries, in one statement.
 ///
 /// `$1..$5` are the expectation (tenant, key, fence, status, lease expired by — NULL when the
 /// transition is no takeover); `$6..$15` the new state's columns; `$16` whether to replace the
 /// request and `$17` its new value; `$18` a new approver and `$19` a new fingerprint, each NULL
-/// to keep the stored one; `$20` the time; `$21..$25` the events; `$26` and `$27` the new
-/// `expires_at` and `purge_at`, both NULL to keep the stored ones (a transition's expiry sets
-/// both or neither).
+/// to keep the stored one; `$20` the time; `$21` the trace entries to append
+/// (`idemgate_core::trace::encode`); `$22` and `$23` the new `expires_at` and `purge_at`, both
+/// NULL to keep the stored ones (a transition's expiry sets both or neither); `$24` the
+/// expected dispatch marker, NULL for any.
 pub(crate) const TRANSITION: &str = concat!(
     "WITH upd AS (
         UPDATE operations SET
@@ -141,22 +133,16 @@ pub(crate) const TRANSITION: &str = concat!(
             request = CASE WHEN $16::boolean THEN $17::text ELSE request END,
             approved_by = COALESCE($18::text, approved_by),
             fingerprint = COALESCE($19::text, fingerprint),
-            expires_at = COALESCE($26::bigint, expires_at),
-            purge_at = COALESCE($27::bigint, purge_at),
-            updated_at = $20
+            expires_at = COALESCE($22::bigint, expires_at),
+            purge_at = COALESCE($23::bigint, purge_at),
+            updated_at = $20,
+            trace = trace || $21::text
         WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4
           AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
-          AND ($28::text IS NULL OR dispatch = $28::text)
+          AND ($24::text IS NULL OR dispatch = $24::text)
         RETURNING ",
     columns!(),
     "
-    ), ev AS (
-        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-        SELECT upd.tenant, upd.key, e.kind, e.at, e.attempt, e.worker, e.detail
-        FROM upd,
-             unnest($21::text[], $22::bigint[], $23::bigint[], $24::text[], $25::text[])
-                 WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
-        ORDER BY e.ord
     )
     SELECT ",
     columns!(),
@@ -164,12 +150,11 @@ pub(crate) const TRANSITION: &str = concat!(
 );
 
 /// Many claims in one statement (see `batch`): `$1..$23` are the rows as parallel arrays, one
-/// per column of [`Row`], sorted by (tenant, key) with no key twice; `$24..$29` the events as
-/// parallel arrays (position of their claim from 1, kind, at, attempt, worker, detail).
+/// per column of [`Row`] (`$25` the `intent_window`), sorted by (tenant, key) with no key twice;
+/// `$24` each row's first trace entries.
 ///
 /// Rows are inserted in array order (`ORDER BY ord`), which is the lock order. Each key is
-/// decided on the unique index as in [`CLAIM`]; the events are joined to the rows actually
-/// inserted, so a key that existed gets none. The last branch reads the rows that existed, from
+/// decided on the unique index as in [`CLAIM`]; a key that existed keeps its row and trace. The last branch reads the rows that existed, from
 /// the statement's snapshot, which cannot contain the rows this statement inserted. It is a
 /// lateral subquery fenced by `OFFSET 0` rather than a join, so that its plan is one lookup by
 /// key per input row whatever the statistics: as a join, the planner was free to hash the input
@@ -181,31 +166,22 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
                              $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::bigint[],
                              $11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
                              $16::text[], $17::text[], $18::text[], $19::text[], $20::bigint[],
-                             $21::bigint[], $22::bigint[], $23::bigint[], $30::boolean[])
+                             $21::bigint[], $22::bigint[], $23::bigint[], $25::boolean[],
+                             $24::text[])
             WITH ORDINALITY AS i(",
     columns!(),
-    ", ord)
+    ", trace, ord)
     ), ins AS (
         INSERT INTO operations (",
     columns!(),
-    ")
+    ", trace)
         SELECT ",
     columns!(),
-    " FROM input ORDER BY ord
+    ", trace FROM input ORDER BY ord
         ON CONFLICT (tenant, key) DO NOTHING
         RETURNING ",
     columns!(),
     "
-    ), ev AS (
-        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-        SELECT ins.tenant, ins.key, e.kind, e.at, e.attempt, e.worker, e.detail
-        FROM ins
-             JOIN input ON input.tenant = ins.tenant AND input.key = ins.key
-             JOIN unnest($24::bigint[], $25::text[], $26::bigint[], $27::bigint[], $28::text[],
-                         $29::text[])
-                 WITH ORDINALITY AS e(request, kind, at, attempt, worker, detail, ord)
-               ON e.request = input.ord
-        ORDER BY e.ord
     )
     SELECT true AS inserted, ",
     columns!(),
@@ -221,9 +197,9 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 
 /// Many fenced compare-and-sets in one statement (see `batch`), for `rows` transitions. The
 /// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
-/// key) with no key twice, then the events `$21..$26` (position of their transition from 1,
-/// kind, at, attempt, worker, detail), then each transition's new `expires_at` and `purge_at`,
-/// `$27` and `$28` (NULL to keep the stored ones). Returns the position of each transition that applied,
+/// key) with no key twice, then each transition's trace entries to append `$21`, its new
+/// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), and its expected
+/// dispatch marker `$24`. Returns the position of each transition that applied,
 /// then its row. Positions past the arrays' length read NULL and match no row, so a batch may
 /// be sent with a statement for more rows than it has (the batcher rounds up to a power of
 /// two, so that a connection prepares a handful of these, not one per size).
@@ -251,7 +227,8 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             fingerprint = COALESCE({fingerprint}, fingerprint),
             expires_at = COALESCE({expires_at}, expires_at),
             purge_at = COALESCE({purge_at}, purge_at),
-            updated_at = {now}
+            updated_at = {now},
+            trace = trace || {trace}
         WHERE tenant = {tenant} AND key = {key} AND fence = {expect_fence}
           AND status = {expect_status}
           AND ({expired_by} IS NULL OR lease_expires_at <= {expired_by})
@@ -278,9 +255,10 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             approver = at(18, "text"),
             fingerprint = at(19, "text"),
             now = at(20, "bigint"),
-            expires_at = at(27, "bigint"),
-            purge_at = at(28, "bigint"),
-            expect_dispatch = at(29, "text"),
+            trace = at(21, "text"),
+            expires_at = at(22, "bigint"),
+            purge_at = at(23, "bigint"),
+            expect_dispatch = at(24, "text"),
             columns = columns!(),
         ));
     }
@@ -289,15 +267,6 @@ pub(crate) fn transition_batch(rows: usize) -> String {
     sql.push_str(&union.join("\n        UNION ALL "));
     sql.push_str(concat!(
         "
-    ), ev AS (
-        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-        SELECT upd.tenant, upd.key, e.kind, e.at, e.attempt, e.worker, e.detail
-        FROM upd
-             JOIN unnest($21::bigint[], $22::text[], $23::bigint[], $24::bigint[], $25::text[],
-                         $26::text[])
-                 WITH ORDINALITY AS e(request, kind, at, attempt, worker, detail, eord)
-               ON e.request = upd.ord
-        ORDER BY e.eord
     )
     SELECT ord, ",
         columns!(),
@@ -306,18 +275,14 @@ pub(crate) fn transition_batch(rows: usize) -> String {
     sql
 }
 
-/// Appends trace entries; `$1, $2` the tenant and key, `$3..$7` the events.
-pub(crate) const APPEND_EVENTS: &str = "
-    INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-    SELECT $1, $2, e.kind, e.at, e.attempt, e.worker, e.detail
-    FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])
-             WITH ORDINALITY AS e(kind, at, attempt, worker, detail, ord)
-    ORDER BY e.ord";
+/// Appends trace entries; `$1, $2` the tenant and key, `$3` the encoded entries. A key without
+/// a record matches no row and nothing is written: a trace is never read without its record.
+/// No indexed column changes, so PostgreSQL can make it a heap-only update.
+pub(crate) const APPEND_EVENTS: &str =
+    "UPDATE operations SET trace = trace || $3::text WHERE tenant = $1 AND key = $2";
 
-/// The trace of one operation, oldest first.
-pub(crate) const EVENTS: &str = "
-    SELECT kind, at, attempt, worker, detail FROM events
-    WHERE tenant = $1 AND key = $2 ORDER BY id";
+/// The stored trace of one operation (`idemgate_core::trace::decode` reads it).
+pub(crate) const EVENTS: &str = "SELECT trace FROM operations WHERE tenant = $1 AND key = $2";
 
 /// The due scan's statement: the pending and awaiting-approval records of environment `$1`
 /// whose deadline (`lease_expires_at`) is at or before `$2`, in (deadline, key) order, at most
@@ -376,11 +341,12 @@ pub(crate) const DUPLICATE: &str = "
 
 /// One batch of a retention sweep of one environment, as one statement, so that it commits
 /// whole or not at all and its failure classifies exactly like any other write's. `$1` is now,
-/// `$2` the most tombstones to purge, `$3` the worker named in the `expired` events, `$4` the
+/// `$2` the most tombstones to purge, `$3` the worker named in the `expired` trace entries, `$4` the
 /// environment, `$5` the most records to compact. The store runs a sweep as batches of
 /// purges (`$5` = 0) and then batches of compactions (`$2` = 0), see `PgStore::sweep_once`.
 ///
-/// - Purge: at most `$2` tombstones past `purge_at` are deleted, with their events.
+/// - Purge: at most `$2` tombstones past `purge_at` are deleted, their trace (in the row) with
+///   them.
 /// - Compact: at most `$5` settled records (`applied`, `failed_permanent`) past `expires_at`
 ///   become tombstones, each with an `expired` event. The columns cleared are those
 ///   `Row::set_state` clears for a tombstone: the reference (of an applied record) or the
@@ -408,9 +374,6 @@ pub(crate) const SWEEP: &str = "
         WHERE o.tenant = d.tenant AND o.key = d.key
           AND o.status = 'tombstone' AND o.purge_at <= $1
         RETURNING o.tenant, o.key
-    ), purged_events AS (
-        DELETE FROM events e USING purged p
-        WHERE e.tenant = p.tenant AND e.key = p.key
     ), compact_due AS (
         SELECT tenant, key FROM operations
         WHERE status IN ('applied', 'failed_permanent') AND split_part(key, ':', 2) = $4
@@ -422,15 +385,14 @@ pub(crate) const SWEEP: &str = "
         UPDATE operations o SET
             status = 'tombstone', lease_owner = NULL, lease_expires_at = NULL, dispatch = NULL,
             job_id = NULL, result = NULL, error_message = NULL, request = NULL,
-            updated_at = $1
+            updated_at = $1,
+            trace = o.trace || json_build_array('expired', $1::bigint, o.fence, $3::text, NULL)::text
+                || E'\n'
         FROM compact_due d
         WHERE o.tenant = d.tenant AND o.key = d.key
           AND o.status IN ('applied', 'failed_permanent')
           AND o.expires_at <= $1
-        RETURNING o.tenant, o.key, o.fence
-    ), expired_events AS (
-        INSERT INTO events (tenant, key, kind, at, attempt, worker, detail)
-        SELECT tenant, key, 'expired', $1, fence, $3, NULL FROM compacted
+        RETURNING o.tenant, o.key
     )
     SELECT (SELECT count(*) FROM compacted), (SELECT count(*) FROM purged)";
 

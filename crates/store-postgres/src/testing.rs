@@ -215,7 +215,7 @@ impl TestDatabase {
             .unwrap_or_else(|e| panic!("cannot connect to test database {}: {e}", self.name));
         client
             .batch_execute(
-                "TRUNCATE operations, events, webhook_events, audit_log RESTART IDENTITY; \
+                "TRUNCATE operations, webhook_events, audit_log RESTART IDENTITY; \
                  UPDATE audit_head SET seq = 0, hash = repeat('0', 64)",
             )
             .await

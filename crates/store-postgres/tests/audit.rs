@@ -26,9 +26,11 @@ async fn two_gateways_appending_at_once_keep_one_chain() {
     let Some(db) = database().await else { return };
     // 80 transactions queue on the head row's lock, each holding a pooled connection while it
     // waits: on a loaded machine that takes longer than the default 5 s wait for a connection,
-    // which would be an honest `Unavailable`, not a broken chain. Give the pools room.
+    // which would be an honest `Unavailable`, not a broken chain; so would a statement that
+    // waits on the head's lock past the default 5 s statement timeout. Give both room.
     let options = || Options {
         connect_timeout: Duration::from_secs(60),
+        statement_timeout: Duration::from_secs(60),
         ..Options::default()
     };
     let a = db.store_with(options()).await.with_sealer(sealer());

@@ -513,6 +513,15 @@ async fn events_keep_their_order_and_detail() {
     let db = database!();
     let store = db.store().await;
     let k = key("acme:prod:wf:s1");
+    // The trace lives in the record's row: appended to a record, and oldest first after the
+    // claim's own entries (none here).
+    assert!(matches!(
+        store
+            .claim(claimed("acme:prod:wf:s1", "w1", T0), vec![])
+            .await
+            .unwrap(),
+        Claimed::Inserted(_)
+    ));
     let mut expected = Vec::new();
     for batch in 0..5u64 {
         let events: Vec<_> = (0..3)
@@ -530,6 +539,12 @@ async fn events_keep_their_order_and_detail() {
         expected.extend(events);
     }
     store.append_events(&k, vec![]).await.unwrap();
+    // Any detail is kept as given, a NUL byte and line breaks included (PostgreSQL's text
+    // cannot hold a NUL byte; the stored form escapes it).
+    let awkward =
+        vec![event(EventKind::Failed, T0 + 20, 5, "w1").with_detail("nul\0byte\nnext \"line\"")];
+    store.append_events(&k, awkward.clone()).await.unwrap();
+    expected.extend(awkward);
     assert_eq!(store.events(&k).await.unwrap(), expected);
     assert!(
         store

@@ -21,7 +21,8 @@
 //!   transition caused by an event carries, so the row and the transition commit together.
 //! - `audit` — the audit log of operator actions, appended in the transaction of the
 //!   transition it records (the chain's head read under the write lock).
-//! - `trace` — the event trace, kept in the operation's own row, one JSON array per entry.
+//! - the event trace is kept in the operation's own row, one JSON array per entry
+//!   (`idemgate_core::trace`).
 //! - `readers` and `read` — a small pool of read connections used inline by the caller's task:
 //!   in WAL mode reads never wait behind the writer.
 //! - `error` — rusqlite errors classified as `store::Error` (`Unavailable`, `Ambiguous`,
@@ -44,6 +45,7 @@ use idemgate_core::record::{Event, Millis, Record};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
+use idemgate_core::trace;
 use idemgate_core::webhook::{Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
 
@@ -52,7 +54,6 @@ mod error;
 mod read;
 mod readers;
 mod schema;
-mod trace;
 mod webhooks;
 mod write;
 mod writer;

@@ -8,7 +8,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Statement, params, params_from_iter};
 
 use crate::error::Context;
-use crate::trace;
+use idemgate_core::trace;
 
 /// The columns of `operations` in the order `row` reads them. A macro rather than a constant so
 /// that `concat!` can build whole statements at compile time.

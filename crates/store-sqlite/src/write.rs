@@ -19,9 +19,9 @@ use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
 use crate::error::Context;
 use crate::read::{self, columns, int, limit};
-use crate::trace;
 use crate::webhooks;
 use crate::writer::Tx;
+use idemgate_core::trace;
 
 /// The worker named in the trace of a compaction.
 pub const SWEEPER: &str = "sweeper";

@@ -1,7 +1,8 @@
-//! The trace of an operation, kept in its own row: the `trace` column holds one JSON array per
-//! entry, each ended by a newline, oldest first. A write appends with `trace = trace || ?`, so
-//! the entries already there are never rewritten by our code, only carried along when SQLite
-//! rewrites the row.
+//! The stored form of an operation's trace, shared by the stores that keep it in the
+//! operation's own row (SQLite since its migration 0004, PostgreSQL since its migration 0007):
+//! a `trace` text column holding one JSON array per entry, each ended by a newline, oldest
+//! first. A write appends with `trace = trace || ?`, so the entries already there are never
+//! rewritten by our code, only carried along when the database rewrites the row.
 //!
 //! Why in the row and not in a table of its own: every transition already rewrites its row,
 //! while a table of entries cost the writer thread two more b-tree inserts per entry (the
@@ -18,14 +19,14 @@
 
 use std::fmt::Write;
 
-use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, EventKind, Millis};
-use idemgate_core::store::Error;
+use crate::key::OperationKey;
+use crate::record::{Event, EventKind, Millis};
+use crate::store::Error;
 
 /// The text `events` adds to a trace. Built by the caller's task, not by the writer thread,
 /// and by hand: every claim and transition encodes its entries, and serde's derived serializer
 /// took several times the instructions for the same bytes (a test holds the two equal).
-pub(crate) fn encode(events: &[Event]) -> String {
+pub fn encode(events: &[Event]) -> String {
     let mut text = String::with_capacity(events.len() * 64);
     for event in events {
         text.push_str("[\"");
@@ -101,8 +102,9 @@ fn string(text: &mut String, value: &str) {
     text.push('"');
 }
 
-/// The entries of a stored trace, oldest first.
-pub(crate) fn decode(key: &OperationKey, text: &str) -> Result<Vec<Event>, Error> {
+/// The entries of a stored trace, oldest first. Whitespace between an entry's items is allowed
+/// (PostgreSQL's `json_build_array(…)::text` writes a space after each comma).
+pub fn decode(key: &OperationKey, text: &str) -> Result<Vec<Event>, Error> {
     text.lines()
         .enumerate()
         .map(|(i, line)| {
@@ -129,8 +131,8 @@ type Entry = (EventKind, Millis, u64, String, Option<String>);
 
 #[cfg(test)]
 mod tests {
-    use idemgate_core::key::OperationKey;
-    use idemgate_core::record::{Event, EventKind};
+    use crate::key::OperationKey;
+    use crate::record::{Event, EventKind};
 
     use super::{decode, encode};
 
@@ -170,6 +172,20 @@ mod tests {
         );
         assert_eq!(encode(&decode(&key(), stored).expect("decodes")), stored);
         assert_eq!(decode(&key(), "").expect("empty"), vec![]);
+    }
+
+    #[test]
+    fn postgresql_s_json_text_decodes() {
+        // What PostgreSQL's migration 0007 and its sweep write with `json_build_array(…)::text`.
+        let stored =
+            "[\"claimed\", 5, 2, \"w\", null]\n[\"expired\", 9, 3, \"sweeper\", \"a\\nb\"]\n";
+        assert_eq!(
+            decode(&key(), stored).expect("decodes"),
+            vec![
+                Event::new(EventKind::Claimed, 5, 2, "w"),
+                Event::new(EventKind::Expired, 9, 3, "sweeper").with_detail("a\nb"),
+            ]
+        );
     }
 
     #[test]
