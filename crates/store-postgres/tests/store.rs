@@ -1282,3 +1282,77 @@ async fn stored_json_survives_exactly() {
         .get(0);
     assert_eq!(stored, request.to_string());
 }
+
+/// Migration 0007 carries each record's events into its row's trace, in the order they were
+/// appended, whatever their detail holds; events of a key without a record are dropped with
+/// their table.
+#[tokio::test]
+async fn the_events_table_moves_into_the_rows_in_order() {
+    let db = database!();
+    let mut client = admin(db.url()).await;
+    let tx = migrated_to(&mut client, 6).await;
+    let first = claimed("acme:prod:wf:first", "w1", T0);
+    let second = claimed("acme:prod:wf:second", "w1", T0);
+    insert_raw(&tx, &first).await;
+    insert_raw(&tx, &second).await;
+    // Interleaved, so that only the id orders each key's entries.
+    let rows: [(&str, &str, i64, Option<&str>); 5] = [
+        ("acme:prod:wf:first", "claimed", T0, None),
+        ("acme:prod:wf:second", "claimed", T0 + 1, Some("plain")),
+        (
+            "acme:prod:wf:first",
+            "sent",
+            T0 + 2,
+            Some("line\nbreak \"quoted\" \\ é"),
+        ),
+        ("acme:prod:wf:gone", "sent", T0 + 3, None),
+        ("acme:prod:wf:first", "committed", T0 + 4, Some("T-1")),
+    ];
+    for (k, kind, at, detail) in rows {
+        tx.execute(
+            "INSERT INTO events (tenant, key, kind, at, attempt, worker, detail) \
+             VALUES ('acme', $1, $2, $3, 1, 'w1', $4)",
+            &[&k, &kind, &at, &detail],
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let store = db.store().await;
+    assert_eq!(
+        store.events(&first.key).await.unwrap(),
+        vec![
+            event(EventKind::Claimed, T0, 1, "w1"),
+            event(EventKind::Sent, T0 + 2, 1, "w1").with_detail("line\nbreak \"quoted\" \\ é"),
+            event(EventKind::Committed, T0 + 4, 1, "w1").with_detail("T-1"),
+        ]
+    );
+    assert_eq!(
+        store.events(&second.key).await.unwrap(),
+        vec![event(EventKind::Claimed, T0 + 1, 1, "w1").with_detail("plain")]
+    );
+    assert!(
+        store
+            .events(&key("acme:prod:wf:gone"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Appending after the migration continues the carried-over trace.
+    store
+        .append_events(&second.key, vec![event(EventKind::Sent, T0 + 5, 1, "w1")])
+        .await
+        .unwrap();
+    assert_eq!(store.events(&second.key).await.unwrap().len(), 2);
+    let tables: i64 = admin(db.url())
+        .await
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'events'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "the events table is gone");
+}
