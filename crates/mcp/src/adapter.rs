@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::{self, HeaderValue, Request, Response, StatusCode, header};
-use idemgate_core::contract::{Contract, Identity};
+use idemgate_core::contract::{Contract, EffectClass, Identity};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
@@ -1043,15 +1043,28 @@ impl ServerHandler for Handler {
             } => {
                 let arguments = Value::Object(arguments);
                 // The child's progress for this call reaches the host under the host's token
-                // while the host waits.
-                let _waiting = match (&self.shared.wrap, context.meta.get_progress_token()) {
-                    (Some(wrap), Some(token)) => Some(wrap.child.expect_progress(
-                        &contract,
-                        &arguments,
-                        serde_json::to_value(token).unwrap_or(Value::Null),
-                    )),
-                    _ => None,
-                };
+                // while the host waits. The call is known to the child's side by the operation
+                // key the executor makes of it (a read gets one of its own there), so it is
+                // announced by that key, made here as the executor makes it.
+                let _waiting = self.shared.wrap.as_ref().map(|wrap| {
+                    let operation = match (loaded.effect_class, &workflow_id, &step_id) {
+                        (EffectClass::Read, _, _) => None,
+                        (_, Some(workflow), Some(step)) => OperationKey::new(
+                            &caller.tenant,
+                            self.shared.gateway.environment(),
+                            workflow,
+                            step,
+                        )
+                        .ok(),
+                        _ => None,
+                    };
+                    let token = context
+                        .meta
+                        .get_progress_token()
+                        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
+                    wrap.child
+                        .expect_progress(&contract, &arguments, operation.as_ref(), token)
+                });
                 let invoke =
                     self.shared
                         .gateway
