@@ -135,14 +135,25 @@ fn to_error(e: ForwardError) -> ErrorData {
 }
 
 impl Handler {
-    /// One request of the child for the host, read back as the SDK's answer type.
+    /// One request of the child for the host, read back as the SDK's answer type. When the
+    /// child cancels its request (`notifications/cancelled`), the host's request is dropped,
+    /// which tells the host it was cancelled: nobody waits for its model or its user any more.
     async fn ask<P: serde::Serialize, T: serde::de::DeserializeOwned>(
         &self,
         method: &str,
         params: P,
+        context: &RequestContext<RoleClient>,
     ) -> Result<T, ErrorData> {
         let params = serde_json::to_value(params).unwrap_or(Value::Null);
-        let answer = self.relay.ask(method, params).await.map_err(to_error)?;
+        let answer = tokio::select! {
+            answer = self.relay.ask(method, params) => answer.map_err(to_error)?,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error(
+                    format!("`{method}` was cancelled by the child"),
+                    None,
+                ));
+            }
+        };
         serde_json::from_value(answer).map_err(|e| {
             ErrorData::internal_error(format!("the host's answer to `{method}`: {e}"), None)
         })
@@ -158,24 +169,24 @@ impl ClientHandler for Handler {
     async fn create_message(
         &self,
         params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
-        self.ask("sampling/createMessage", params).await
+        self.ask("sampling/createMessage", params, &context).await
     }
 
     async fn list_roots(
         &self,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, ErrorData> {
-        self.ask("roots/list", json!({})).await
+        self.ask("roots/list", json!({}), &context).await
     }
 
     async fn create_elicitation(
         &self,
         params: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        self.ask("elicitation/create", params).await
+        self.ask("elicitation/create", params, &context).await
     }
 
     async fn on_progress(

@@ -375,6 +375,37 @@ async fn notify_host(
     sent.map_err(|e| e.to_string())
 }
 
+/// A request to the host that nobody waits for any more unless [`Abandoned::answered`] is
+/// called: dropping it sends the host `notifications/cancelled` for the request.
+struct Abandoned {
+    peer: Option<rmcp::Peer<RoleServer>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Abandoned {
+    fn answered(mut self) {
+        self.peer = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let (Some(peer), Ok(runtime)) = (self.peer.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let cancel = rmcp::model::CancelledNotificationParam::new(
+            Some(self.id.clone()),
+            Some("the child MCP server cancelled its request".into()),
+        );
+        runtime.spawn(async move {
+            if let Err(e) = peer.notify_cancelled(cancel).await {
+                tracing::debug!(error = %e, "the host was not told of a cancelled request");
+            }
+        });
+    }
+}
+
 impl wrapped::Host for HostPeer {
     fn notify(&self, method: &str, params: Value) {
         let _ = self.notifications.send((method.to_string(), params));
@@ -431,7 +462,25 @@ impl wrapped::Host for HostPeer {
                 ),
                 _ => rmcp::model::ServerRequest::ListRootsRequest(Default::default()),
             };
-            match self.peer.send_request(request).await {
+            let sent = self
+                .peer
+                .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
+                .await;
+            let answer = match sent {
+                Ok(handle) => {
+                    // Dropped before the answer (the child cancelled its request): the host
+                    // is told, so that its model or its user stops working on it.
+                    let abandoned = Abandoned {
+                        peer: Some(self.peer.clone()),
+                        id: handle.id.clone(),
+                    };
+                    let answer = handle.await_response().await;
+                    abandoned.answered();
+                    answer
+                }
+                Err(e) => Err(e),
+            };
+            match answer {
                 Ok(answer) => Ok(serde_json::to_value(answer).unwrap_or(Value::Null)),
                 Err(rmcp::ServiceError::McpError(e)) => Err(wrapped::Forwarded {
                     code: e.code.0,

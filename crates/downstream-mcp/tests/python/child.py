@@ -21,6 +21,8 @@ Tools:
   - `summarize_ticket(subject)` — asks the host's model (sampling), then one effect naming
     the model's answer.
   - `ticket_roots()` — asks the host for its roots (read-only).
+  - `impatient_ticket(subject)` — asks the host's model (sampling), gives up after one second
+    (cancelling its request), and opens nothing.
   - `confirm_ticket(subject)` — asks the host's user for a priority (elicitation), then one
     effect naming it, or none when the user declines.
   - `later_ticket(subject, seconds)` — waits, then one effect (for a cancelled call).
@@ -177,6 +179,15 @@ if args.events:
         summary = answer.content.text
         n = effect("summary", summary)
         return f"ticket T-{n} opened: {summary}"
+
+    @server.tool(description="Asks the host's model for a summary, and gives up after a second.")
+    async def impatient_ticket(subject: str, ctx: Context) -> str:
+        with anyio.move_on_after(1):
+            await ctx.session.create_message(
+                [SamplingMessage(role="user", content=TextContent(type="text", text=f"Summarize: {subject}"))],
+                max_tokens=20)
+            return "answered in time"
+        return f"gave up waiting for a summary of {subject}"
 
     @server.tool(description="Lists the host's roots.", annotations=ToolAnnotations(read_only_hint=True))
     async def ticket_roots(ctx: Context) -> str:

@@ -626,6 +626,28 @@ async def test_a_childs_request_is_answered_by_the_host_and_the_effect_happens_o
     assert world.effects() == [effect]
 
 
+async def test_a_request_the_child_cancels_is_cancelled_at_the_host(world: World):
+    """The child asks the host's model and gives up after a second (its SDK sends
+    `notifications/cancelled`); the host's sampling callback, still working, is cancelled too,
+    instead of running on for nobody."""
+    cancelled: list[str] = []
+
+    async def slow_sampling(_ctx: Any, params: Any) -> Any:
+        try:
+            await anyio.sleep(20)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(params.messages[0].content.text)
+            raise
+        raise AssertionError("the host's sampling ran to its end")
+
+    async with world.connect(child=EVENTS, mode="legacy", sampling_callback=slow_sampling) as client:
+        result = await client.call_tool("impatient_ticket", {"subject": "printer"}, meta=meta("impatient"))
+        assert "gave up waiting for a summary of printer" in result.content[0].text, result.content
+        assert result.structured_content["status"] == "applied", result.structured_content
+        await wait_for(lambda: cancelled == ["Summarize: printer"], seconds=5)
+    assert world.effects() == []
+
+
 async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_child(world: World):
     # No sampling callback: the host declares no `sampling`, so the child's request gets a
     # JSON-RPC error naming the capability, and the child's tool fails before its effect.
