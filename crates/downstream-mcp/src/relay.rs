@@ -349,6 +349,19 @@ mod tests {
         (relay, seen)
     }
 
+    /// A request to the child for `operation`, sent on `connection` and claimed under `token`.
+    async fn sent(
+        relay: &Relay,
+        operation: &str,
+        tool: &str,
+        arguments: &Value,
+        connection: u64,
+        token: i64,
+    ) {
+        let sending = relay.sending().await;
+        sending.claim(operation, tool, arguments, connection, json!(token));
+    }
+
     #[tokio::test]
     async fn identical_calls_of_two_operations_each_hear_only_their_own_request() {
         let (relay, seen) = attached();
@@ -356,14 +369,8 @@ mod tests {
         let _a = relay.expect("slow", &args, Some("t:e:w:a"), Some(json!("host-a")));
         let _b = relay.expect("slow", &args, Some("t:e:w:b"), Some(json!("host-b")));
         // The second call reaches the child first: the order of arrival decides nothing.
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:b", "slow", &args, 0, json!(0));
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:a", "slow", &args, 0, json!(1));
+        sent(&relay, "t:e:w:b", "slow", &args, 0, 0).await;
+        sent(&relay, "t:e:w:a", "slow", &args, 0, 1).await;
         relay.progress(0, progress(1, 0.1)).await;
         relay.progress(0, progress(0, 0.2)).await;
         relay.progress(0, progress(1, 0.3)).await;
@@ -384,18 +391,9 @@ mod tests {
         let waiting = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("host-7")));
         let silent = relay.expect("slow", &args, Some("t:e:w:quiet"), None);
         // A request of no announced operation, and one whose host asked for no progress.
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:other", "slow", &args, 0, json!(1));
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:quiet", "slow", &args, 0, json!(2));
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:s", "slow", &args, 0, json!(3));
+        sent(&relay, "t:e:w:other", "slow", &args, 0, 1).await;
+        sent(&relay, "t:e:w:quiet", "slow", &args, 0, 2).await;
+        sent(&relay, "t:e:w:s", "slow", &args, 0, 3).await;
         for token in [1, 2, 3] {
             relay.progress(0, progress(token, 0.5)).await;
         }
@@ -411,15 +409,9 @@ mod tests {
         let args = json!({});
         let _old = relay.expect("slow", &args, Some("t:e:w:old"), Some(json!("host-old")));
         let _new = relay.expect("slow", &args, Some("t:e:w:new"), Some(json!("host-new")));
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:old", "slow", &args, 1, json!(0));
+        sent(&relay, "t:e:w:old", "slow", &args, 1, 0).await;
         // The new process's SDK counts from zero again.
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:new", "slow", &args, 2, json!(0));
+        sent(&relay, "t:e:w:new", "slow", &args, 2, 0).await;
         relay.progress(2, progress(0, 0.5)).await;
         assert_eq!(heard(&seen), [(json!("host-new"), json!(0.5))]);
     }
@@ -430,10 +422,7 @@ mod tests {
         let args = json!({});
         let _first = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("first")));
         let _again = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("again")));
-        relay
-            .sending()
-            .await
-            .claim("t:e:w:s", "slow", &args, 0, json!(4));
+        sent(&relay, "t:e:w:s", "slow", &args, 0, 4).await;
         relay.progress(0, progress(4, 0.5)).await;
         assert_eq!(
             heard(&seen),
@@ -449,14 +438,8 @@ mod tests {
         let _read = relay.expect("get", &args, None, Some(json!("read")));
         let _other = relay.expect("get", &json!({"number": 8}), None, Some(json!("other")));
         // The executor's own key for a read is unknown to the face.
-        relay
-            .sending()
-            .await
-            .claim("t:e:unkeyed:w.1", "get", &args, 0, json!(5));
-        relay
-            .sending()
-            .await
-            .claim("t:e:unkeyed:w.2", "get", &args, 0, json!(6));
+        sent(&relay, "t:e:unkeyed:w.1", "get", &args, 0, 5).await;
+        sent(&relay, "t:e:unkeyed:w.2", "get", &args, 0, 6).await;
         relay.progress(0, progress(5, 0.5)).await;
         relay.progress(0, progress(6, 0.5)).await;
         assert_eq!(heard(&seen), [(json!("read"), json!(0.5))]);
