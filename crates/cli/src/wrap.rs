@@ -37,6 +37,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use idemgate_core::contract::Contract;
 use idemgate_core::duration::Span;
+use idemgate_core::key::OperationKey;
 use idemgate_core::store::BoxFuture;
 use idemgate_downstream_mcp::{
     Child, ChildSpec, ForwardError, McpDownstream, Started, Upstream, default_contract,
@@ -339,8 +340,15 @@ impl Passthrough for ChildPassthrough {
         }
     }
 
-    fn expect_progress(&self, tool: &str, arguments: &Value, token: Value) -> Waiting {
-        Box::new(self.child.relay().expect(tool, arguments, token))
+    fn expect_progress(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        operation: Option<&OperationKey>,
+        token: Option<Value>,
+    ) -> Waiting {
+        let operation = operation.map(OperationKey::as_str);
+        Box::new(self.child.relay().expect(tool, arguments, operation, token))
     }
 
     fn notify<'a>(&'a self, method: &'a str) -> BoxFuture<'a, ()> {

@@ -9,6 +9,7 @@
 // speaks the handshake revision to its child, where they are current, and passes them on.
 #![allow(deprecated)]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,6 +125,9 @@ type Connection = RunningService<RoleClient, Handler>;
 #[derive(Clone)]
 struct Handler {
     relay: Arc<Relay>,
+    /// The connection (the child process) this handler serves: progress tokens are the SDK's,
+    /// counted afresh on every connection.
+    connection: u64,
 }
 
 fn to_error(e: ForwardError) -> ErrorData {
@@ -131,14 +135,25 @@ fn to_error(e: ForwardError) -> ErrorData {
 }
 
 impl Handler {
-    /// One request of the child for the host, read back as the SDK's answer type.
+    /// One request of the child for the host, read back as the SDK's answer type. When the
+    /// child cancels its request (`notifications/cancelled`), the host's request is dropped,
+    /// which tells the host it was cancelled: nobody waits for its model or its user any more.
     async fn ask<P: serde::Serialize, T: serde::de::DeserializeOwned>(
         &self,
         method: &str,
         params: P,
+        context: &RequestContext<RoleClient>,
     ) -> Result<T, ErrorData> {
         let params = serde_json::to_value(params).unwrap_or(Value::Null);
-        let answer = self.relay.ask(method, params).await.map_err(to_error)?;
+        let answer = tokio::select! {
+            answer = self.relay.ask(method, params) => answer.map_err(to_error)?,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error(
+                    format!("`{method}` was cancelled by the child"),
+                    None,
+                ));
+            }
+        };
         serde_json::from_value(answer).map_err(|e| {
             ErrorData::internal_error(format!("the host's answer to `{method}`: {e}"), None)
         })
@@ -154,24 +169,24 @@ impl ClientHandler for Handler {
     async fn create_message(
         &self,
         params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
-        self.ask("sampling/createMessage", params).await
+        self.ask("sampling/createMessage", params, &context).await
     }
 
     async fn list_roots(
         &self,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, ErrorData> {
-        self.ask("roots/list", json!({})).await
+        self.ask("roots/list", json!({}), &context).await
     }
 
     async fn create_elicitation(
         &self,
         params: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        self.ask("elicitation/create", params).await
+        self.ask("elicitation/create", params, &context).await
     }
 
     async fn on_progress(
@@ -179,8 +194,8 @@ impl ClientHandler for Handler {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        self.relay
-            .progress(serde_json::to_value(params).unwrap_or(Value::Null));
+        let params = serde_json::to_value(params).unwrap_or(Value::Null);
+        self.relay.progress(self.connection, params).await;
     }
 
     async fn on_logging_message(
@@ -227,12 +242,64 @@ struct State {
     generation: u64,
 }
 
+/// What the host set on the child besides its calls, so that a child started again is set the
+/// same way before it serves anything: the last log level the child accepted, and every
+/// resource subscribed and not unsubscribed since — each as the host's params, without
+/// `_meta` (the SDK sets its own).
+#[derive(Debug, Default)]
+struct Session {
+    level: Option<Value>,
+    /// By URI.
+    subscribed: BTreeMap<String, Value>,
+}
+
+impl Session {
+    /// The requests that set a new process as the host set the last one: the level first, so
+    /// that whatever a subscription logs is logged at it.
+    fn replay(&self) -> Vec<(&'static str, Value)> {
+        let level = self.level.iter().map(|l| ("logging/setLevel", l.clone()));
+        let subscribed = self
+            .subscribed
+            .values()
+            .map(|p| ("resources/subscribe", p.clone()));
+        level.chain(subscribed).collect()
+    }
+
+    /// Keeps what a request the child accepted set on it. An unsubscription is kept whatever
+    /// the child answered: the host wants no updates of that resource from the next process.
+    fn remember(&mut self, method: &str, params: &Value, accepted: bool) {
+        let (params, uri) = kept(params);
+        match (method, uri) {
+            ("logging/setLevel", _) if accepted => self.level = Some(params),
+            ("resources/subscribe", Some(uri)) if accepted => {
+                self.subscribed.insert(uri, params);
+            }
+            ("resources/unsubscribe", Some(uri)) => {
+                self.subscribed.remove(&uri);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `params` without `_meta`, and the URI a subscription names.
+fn kept(params: &Value) -> (Value, Option<String>) {
+    let mut params = params.clone();
+    if let Some(object) = params.as_object_mut() {
+        object.remove("_meta");
+    }
+    let uri = params.get("uri").and_then(Value::as_str).map(String::from);
+    (params, uri)
+}
+
 /// One child MCP server, shared by every tool it offers. A call that finds it dead starts it
 /// again, no sooner than the backoff allows (0.4 s doubling up to `max_backoff`).
 pub struct Child {
     spec: ChildSpec,
     state: Mutex<State>,
     relay: Arc<Relay>,
+    /// A std mutex: held only to read or change the maps, never across an await.
+    session: std::sync::Mutex<Session>,
 }
 
 impl std::fmt::Debug for Child {
@@ -257,7 +324,7 @@ impl Child {
     /// child when it cannot be spawned, is not an MCP server, exits at start, or is too slow.
     pub async fn start(spec: ChildSpec) -> Result<(Arc<Child>, Started), StartError> {
         let relay = Relay::new(spec.display());
-        let connection = connect(&spec, &relay).await?;
+        let connection = connect(&spec, &relay, 0).await?;
         let started = describe(&spec, &connection).await?;
         let child = Arc::new(Child {
             spec,
@@ -268,6 +335,7 @@ impl Child {
                 generation: 0,
             }),
             relay,
+            session: std::sync::Mutex::new(Session::default()),
         });
         Ok((child, started))
     }
@@ -334,9 +402,12 @@ impl Child {
                 at.duration_since(Instant::now()).as_millis()
             ));
         }
-        match connect(&self.spec, &self.relay).await {
+        match connect(&self.spec, &self.relay, state.generation + 1).await {
             Ok(connection) => {
                 let peer = connection.peer().clone();
+                // Still under the lock: nothing reaches the new process before it is set as the
+                // host set the one that ended.
+                self.restore(&peer).await;
                 state.connection = Some(connection);
                 state.failures = 0;
                 state.not_before = None;
@@ -354,10 +425,32 @@ impl Child {
         }
     }
 
-    /// One `tools/call`. `meta` goes to the child as the request's `_meta`.
+    /// The log level and subscriptions the host set, sent to a process just started. A request
+    /// the new process refuses or does not answer is logged and skipped: the host learns of
+    /// it no differently than of a child that stopped sending updates.
+    async fn restore(&self, peer: &Peer<RoleClient>) {
+        let replay = self.session().replay();
+        for (method, params) in replay {
+            let asked = tokio::time::timeout(self.spec.call_timeout, request(peer, method, params));
+            let failure = match asked.await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(failed)) => failed.to_string(),
+                Err(_) => format!("no answer within {} s", self.spec.call_timeout.as_secs()),
+            };
+            tracing::warn!(child = %self.spec.display(), method, error = %failure, "the child started again refused what the host had set on the one that ended");
+        }
+    }
+
+    fn session(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One `tools/call` for the operation `operation`. `meta` goes to the child as the
+    /// request's `_meta`.
     pub async fn call_tool(
         &self,
         name: &str,
+        operation: &str,
         arguments: Map<String, Value>,
         meta: Map<String, Value>,
     ) -> CallAnswer {
@@ -373,15 +466,16 @@ impl Child {
         let child = self.spec.display();
         let seconds = self.spec.call_timeout.as_secs();
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let sending = self.relay.sending().await;
         let sent = peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await;
         let answer = match sent {
             Ok(handle) => {
                 // The SDK gives every request its own progress token: progress under it is
-                // passed to the host's request that announced this call, if one waits.
+                // passed to the host's request that announced this operation, if one waits.
                 let token = serde_json::to_value(&handle.progress_token).unwrap_or(Value::Null);
-                self.relay.claim(name, &arguments_value, token);
+                sending.claim(operation, name, &arguments_value, generation, token);
                 let id = handle.id.clone();
                 match tokio::time::timeout(self.spec.call_timeout, handle.await_response()).await {
                     Ok(answer) => Ok(answer),
@@ -397,7 +491,10 @@ impl Child {
                     }
                 }
             }
-            Err(e) => Ok(Err(e)),
+            Err(e) => {
+                drop(sending);
+                Ok(Err(e))
+            }
         };
         match answer {
             Err(_) => CallAnswer::Ambiguous(format!(
@@ -433,8 +530,9 @@ impl Child {
     }
 
     /// Passes one request (resources, prompts, completion, subscriptions, the log level) to
-    /// the child unchanged. Dropping the future before the answer tells the child the request
-    /// was cancelled.
+    /// the child unchanged, and keeps what a subscription or the log level set, for a child
+    /// started again. Dropping the future before the answer tells the child the request was
+    /// cancelled.
     pub async fn forward(&self, method: &str, params: Value) -> Result<Value, ForwardError> {
         let down = |message: String| ForwardError {
             code: -32603,
@@ -442,71 +540,40 @@ impl Child {
             data: None,
         };
         let (peer, _) = self.peer().await.map_err(down)?;
-        let bad = |e: serde_json::Error| ForwardError {
-            code: -32602,
-            message: format!("invalid params for `{method}`: {e}"),
-            data: None,
-        };
-        let answer = tokio::time::timeout(self.spec.call_timeout, async {
-            macro_rules! ask {
-                ($call:ident) => {
-                    peer.$call(serde_json::from_value(params).map_err(bad)?)
-                        .await
-                        .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
-                };
-            }
-            let result = match method {
-                "resources/list" => ask!(list_resources),
-                "resources/templates/list" => ask!(list_resource_templates),
-                "resources/read" => ask!(read_resource),
-                "prompts/list" => ask!(list_prompts),
-                "prompts/get" => ask!(get_prompt),
-                "completion/complete" => ask!(complete),
-                "resources/subscribe" => {
-                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
-                    peer.send_request(ClientRequest::SubscribeRequest(request))
-                        .await
-                        .map(|_| json!({}))
-                }
-                "resources/unsubscribe" => {
-                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
-                    peer.send_request(ClientRequest::UnsubscribeRequest(request))
-                        .await
-                        .map(|_| json!({}))
-                }
-                "logging/setLevel" => {
-                    let request = Request::new(serde_json::from_value(params).map_err(bad)?);
-                    peer.send_request(ClientRequest::SetLevelRequest(request))
-                        .await
-                        .map(|_| json!({}))
-                }
-                _ => {
-                    return Err(ForwardError {
-                        code: -32601,
-                        message: format!("`{method}` is not passed to the child"),
-                        data: None,
-                    });
-                }
-            };
-            result.map_err(|e| match e {
-                ServiceError::McpError(e) => ForwardError {
-                    code: e.code.0,
-                    message: e.message.to_string(),
-                    data: e.data,
-                },
-                other => down(format!(
-                    "the child MCP server `{}` failed `{method}`: {other}",
-                    self.spec.display()
-                )),
-            })
-        })
-        .await;
-        answer.unwrap_or_else(|_| {
-            Err(down(format!(
+        let asked = params.clone();
+        let answer = tokio::time::timeout(self.spec.call_timeout, request(&peer, method, params))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failed::Service(ServiceError::Timeout {
+                    timeout: self.spec.call_timeout,
+                }))
+            });
+        self.session().remember(method, &asked, answer.is_ok());
+        answer.map_err(|failed| match failed {
+            Failed::Params(e) => ForwardError {
+                code: -32602,
+                message: format!("invalid params for `{method}`: {e}"),
+                data: None,
+            },
+            Failed::NotPassed => ForwardError {
+                code: -32601,
+                message: format!("`{method}` is not passed to the child"),
+                data: None,
+            },
+            Failed::Service(ServiceError::McpError(e)) => ForwardError {
+                code: e.code.0,
+                message: e.message.to_string(),
+                data: e.data,
+            },
+            Failed::Service(ServiceError::Timeout { .. }) => down(format!(
                 "the child MCP server `{}` did not answer `{method}` within {} s",
                 self.spec.display(),
                 self.spec.call_timeout.as_secs()
-            )))
+            )),
+            Failed::Service(other) => down(format!(
+                "the child MCP server `{}` failed `{method}`: {other}",
+                self.spec.display()
+            )),
         })
     }
 
@@ -523,6 +590,52 @@ impl Child {
             let _ = connection.close_with_timeout(Duration::from_secs(3)).await;
         }
     }
+}
+
+/// Why a request passed to the child has no answer.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("invalid params: {0}")]
+    Params(serde_json::Error),
+    #[error("not a request passed to the child")]
+    NotPassed,
+    #[error("{0}")]
+    Service(ServiceError),
+}
+
+/// One request passed to the child as the SDK's request type, its answer as JSON.
+async fn request(peer: &Peer<RoleClient>, method: &str, params: Value) -> Result<Value, Failed> {
+    // A typed call of the SDK, with its answer as JSON.
+    macro_rules! ask {
+        ($call:ident) => {
+            peer.$call(serde_json::from_value(params).map_err(Failed::Params)?)
+                .await
+                .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+        };
+    }
+    // A request whose answer is empty.
+    macro_rules! empty {
+        ($variant:ident) => {
+            peer.send_request(ClientRequest::$variant(Request::new(
+                serde_json::from_value(params).map_err(Failed::Params)?,
+            )))
+            .await
+            .map(|_| json!({}))
+        };
+    }
+    let result = match method {
+        "resources/list" => ask!(list_resources),
+        "resources/templates/list" => ask!(list_resource_templates),
+        "resources/read" => ask!(read_resource),
+        "prompts/list" => ask!(list_prompts),
+        "prompts/get" => ask!(get_prompt),
+        "completion/complete" => ask!(complete),
+        "resources/subscribe" => empty!(SubscribeRequest),
+        "resources/unsubscribe" => empty!(UnsubscribeRequest),
+        "logging/setLevel" => empty!(SetLevelRequest),
+        _ => return Err(Failed::NotPassed),
+    };
+    result.map_err(Failed::Service)
 }
 
 /// How long to wait before the next start after `failures` failed starts in a row: 0.4 s,
@@ -561,7 +674,12 @@ fn classify_error(child: &str, name: &str, e: ServiceError) -> CallAnswer {
     CallAnswer::Ambiguous(reason)
 }
 
-async fn connect(spec: &ChildSpec, relay: &Arc<Relay>) -> Result<Connection, StartError> {
+/// Starts the child process as connection number `connection`.
+async fn connect(
+    spec: &ChildSpec,
+    relay: &Arc<Relay>,
+    connection: u64,
+) -> Result<Connection, StartError> {
     let child = spec.display();
     let mut command = Command::new(&spec.program);
     command.args(&spec.args);
@@ -577,6 +695,7 @@ async fn connect(spec: &ChildSpec, relay: &Arc<Relay>) -> Result<Connection, Sta
     let seconds = spec.start_timeout.as_secs();
     let handler = Handler {
         relay: relay.clone(),
+        connection,
     };
     match tokio::time::timeout(spec.start_timeout, handler.serve(transport)).await {
         Err(_) => Err(StartError::Timeout {
@@ -653,6 +772,35 @@ mod tests {
             ]
         );
         assert_eq!(backoff(u32::MAX, max), max);
+    }
+
+    #[test]
+    fn a_child_started_again_gets_the_last_level_and_the_live_subscriptions() {
+        let mut session = Session::default();
+        let asked = [
+            ("logging/setLevel", json!({"level": "info"}), true),
+            (
+                "resources/subscribe",
+                json!({"uri": "a://1", "_meta": {"progressToken": 3}}),
+                true,
+            ),
+            ("resources/subscribe", json!({"uri": "a://2"}), true),
+            ("resources/subscribe", json!({"uri": "a://refused"}), false),
+            ("logging/setLevel", json!({"level": "debug"}), true),
+            ("logging/setLevel", json!({"level": "nonsense"}), false),
+            ("resources/unsubscribe", json!({"uri": "a://2"}), false),
+            ("resources/read", json!({"uri": "a://3"}), true),
+        ];
+        for (method, params, accepted) in asked {
+            session.remember(method, &params, accepted);
+        }
+        assert_eq!(
+            session.replay(),
+            [
+                ("logging/setLevel", json!({"level": "debug"})),
+                ("resources/subscribe", json!({"uri": "a://1"})),
+            ]
+        );
     }
 
     #[tokio::test]

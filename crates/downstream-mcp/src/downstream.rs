@@ -86,7 +86,10 @@ impl Downstream for McpDownstream {
             let arguments = request.arguments.as_object().cloned().unwrap_or_default();
             let mut meta = Map::new();
             meta.insert(OPERATION_KEY_META.into(), json!(request.key.as_str()));
-            let answer = self.child.call_tool(&self.tool, arguments, meta).await;
+            let answer = self
+                .child
+                .call_tool(&self.tool, request.key.as_str(), arguments, meta)
+                .await;
             settle(&self.tool, request.attempt, answer)
         })
     }

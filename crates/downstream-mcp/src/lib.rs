@@ -6,11 +6,13 @@
 //! - [`child`] — **the one module that knows the MCP SDK's client side** (`rmcp` with its
 //!   child-process transport): [`Child::start`] spawns, initialises and lists the tools;
 //!   [`Child::call_tool`] makes one call, classified as [`CallAnswer`]; a call that finds the
-//!   child dead starts it again (bounded backoff); [`Child::forward`] passes resources,
-//!   prompts, completion, subscription and log-level requests through.
+//!   child dead starts it again (bounded backoff) and tells the new process the log level
+//!   and subscriptions the host set; [`Child::forward`] passes resources, prompts,
+//!   completion, subscription and log-level requests through.
 //! - [`relay`] — everything else between the child and the host, as plain JSON: the child's
 //!   notifications and requests (sampling, elicitation, roots) for the host ([`Upstream`]),
-//!   progress mapped from the child's request to the host's, and tool-list changes.
+//!   progress mapped from the child's request to the host's by operation key, and tool-list
+//!   changes.
 //! - [`downstream`] — [`McpDownstream`], one tool as the core's `Downstream`: `perform` is one
 //!   `tools/call`; no receipt lookup, no deduplication, so a lost answer is ambiguous and the
 //!   executor ends it `unknown` (the contract's dispatch marker makes recovery say so too).

@@ -9,13 +9,21 @@
 //!
 //! **Progress.** The host asks for progress by giving its `tools/call` a progress token. The
 //! call then passes through the executor, which knows nothing of MCP, before it reaches the
-//! child. So the MCP face announces the call first ([`Relay::expect`]: tool, arguments and
-//! the host's token); the child's `tools/call` for that tool and arguments takes the
-//! announcement ([`Relay::claim`]) and its own progress token (the SDK's, one per request) is
-//! mapped to the host's. A progress notification under an unmapped token, or after the host
-//! stopped waiting, is dropped: the host must not see progress for a request it did not make.
-//! Two identical calls running at once take one announcement each; which one a progress
-//! notification reaches does not matter, they are the same call.
+//! child, so the two ends are tied by what survives the trip: the operation key. The MCP face
+//! announces each call before it enters the executor ([`Relay::expect`]: the operation key the
+//! executor will give it, and the host's token if it gave one). The child's `tools/call` goes
+//! out under a progress token of its own, one per request and never reused (the SDK's, paired
+//! with the connection it went out on: a child started again counts its tokens from zero), and
+//! takes the announcement of its operation key ([`Sending::claim`]). A progress notification is
+//! passed on only under the host's token of a call that is still waiting for that very
+//! request; one under an unmapped token, for a call announced without a token, or after the
+//! host stopped waiting, is dropped: the host must not see progress for a request it did not
+//! make.
+//!
+//! A call without an operation key (a read: the executor gives it a key of its own, unknown to
+//! the MCP face) is announced by its tool and arguments instead, and its child request takes the
+//! oldest such announcement not yet taken. Two identical reads running at once cannot be told
+//! apart on the way; each receives the progress of one of the two child requests.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -42,13 +50,30 @@ pub trait Upstream: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Value, ForwardError>>;
 }
 
+/// How an announced call is recognised when its request reaches the child.
+#[derive(Debug, Clone, PartialEq)]
+enum Awaited {
+    /// By the operation key the executor hands the downstream.
+    Operation(String),
+    /// A call without a key of its own: by its tool and arguments.
+    Unkeyed { tool: String, arguments: Value },
+}
+
+/// One progress token of a request to the child: the SDK's token, and the connection (the
+/// child process) it was sent on.
+#[derive(Debug, Clone, PartialEq)]
+struct ChildToken {
+    connection: u64,
+    token: Value,
+}
+
 /// One announced call of the host.
 struct Route {
-    tool: String,
-    arguments: Value,
-    host_token: Value,
-    /// The child's progress token, once a call to the child took this route.
-    child_token: Option<Value>,
+    awaited: Awaited,
+    /// `None`: the host asked for no progress, and gets none.
+    host_token: Option<Value>,
+    /// The child's requests serving this call (one, or none yet).
+    child: Vec<ChildToken>,
 }
 
 #[derive(Default)]
@@ -62,6 +87,12 @@ pub struct Relay {
     child: String,
     host: RwLock<Option<Arc<dyn Upstream>>>,
     routes: Mutex<Routes>,
+    /// Held (shared) from before a `tools/call` is sent until its token is claimed, and
+    /// (exclusively) by each progress notification before it is routed: progress for a request
+    /// cannot overtake the claim of that request's token. A tokio lock because it is held
+    /// across the send; progress notifications are handled on tasks of their own, so waiting
+    /// here never stalls the connection.
+    sending: tokio::sync::RwLock<()>,
     tools_changed: watch::Sender<u64>,
 }
 
@@ -89,14 +120,65 @@ impl Drop for RouteGuard {
     }
 }
 
+/// A `tools/call` on its way to the child: held from before it is sent until its progress
+/// token is claimed ([`Relay::sending`]).
+#[must_use = "claim the request's token once it is sent"]
+pub struct Sending<'a> {
+    relay: &'a Relay,
+    _gate: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
+impl Sending<'_> {
+    /// The child's request for `operation` (`tool` with `arguments`) went out on connection
+    /// `connection` under `token`. It takes every announcement of `operation` (two host calls
+    /// waiting for the same operation both hear of its one request); failing any, the oldest
+    /// key-less announcement of the same tool and arguments not yet taken.
+    pub fn claim(
+        self,
+        operation: &str,
+        tool: &str,
+        arguments: &Value,
+        connection: u64,
+        token: Value,
+    ) {
+        let token = ChildToken { connection, token };
+        let mut routes = self.relay.routes();
+        let mut keyed = routes
+            .routes
+            .values_mut()
+            .filter(|r| matches!(&r.awaited, Awaited::Operation(k) if k == operation))
+            .peekable();
+        if keyed.peek().is_some() {
+            keyed.for_each(|r| r.child.push(token.clone()));
+            return;
+        }
+        let unkeyed = Awaited::Unkeyed {
+            tool: tool.to_string(),
+            arguments: arguments.clone(),
+        };
+        if let Some(route) = routes
+            .routes
+            .values_mut()
+            .find(|r| r.child.is_empty() && r.awaited == unkeyed)
+        {
+            route.child.push(token);
+        }
+    }
+}
+
 impl Relay {
     pub fn new(child: impl Into<String>) -> Arc<Relay> {
         Arc::new(Relay {
             child: child.into(),
             host: RwLock::new(None),
             routes: Mutex::new(Routes::default()),
+            sending: tokio::sync::RwLock::new(()),
             tools_changed: watch::Sender::new(0),
         })
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// From now on the child's notifications and requests go to `host`.
@@ -135,23 +217,32 @@ impl Relay {
         host.request(method, params).await
     }
 
-    /// The host's call of `tool` with `arguments` waits, with progress under `host_token`.
+    /// The host's call of `tool` with `arguments` waits, with progress under `host_token`
+    /// (none without). `operation` is the key the executor hands the downstream for this call;
+    /// `None` for a call that gets a key of its own there (a read).
     pub fn expect(
         self: &Arc<Self>,
         tool: &str,
         arguments: &Value,
-        host_token: Value,
+        operation: Option<&str>,
+        host_token: Option<Value>,
     ) -> RouteGuard {
-        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let awaited = match operation {
+            Some(key) => Awaited::Operation(key.to_string()),
+            None => Awaited::Unkeyed {
+                tool: tool.to_string(),
+                arguments: arguments.clone(),
+            },
+        };
+        let mut routes = self.routes();
         routes.next += 1;
         let id = routes.next;
         routes.routes.insert(
             id,
             Route {
-                tool: tool.to_string(),
-                arguments: arguments.clone(),
+                awaited,
                 host_token,
-                child_token: None,
+                child: Vec::new(),
             },
         );
         RouteGuard {
@@ -160,38 +251,38 @@ impl Relay {
         }
     }
 
-    /// The child's call of `tool` with `arguments` goes out under `child_token`: it takes the
-    /// oldest announcement of that call not yet taken, if any.
-    pub fn claim(&self, tool: &str, arguments: &Value, child_token: Value) {
-        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(route) = routes
-            .routes
-            .values_mut()
-            .find(|r| r.child_token.is_none() && r.tool == tool && r.arguments == *arguments)
-        {
-            route.child_token = Some(child_token);
+    /// A `tools/call` is about to be sent: progress notifications wait until its token is
+    /// claimed with [`Sending::claim`] (or the send failed and this is dropped).
+    pub async fn sending(&self) -> Sending<'_> {
+        Sending {
+            relay: self,
+            _gate: self.sending.read().await,
         }
     }
 
-    /// A progress notification of the child: passed on under the host's token, or dropped.
-    pub fn progress(&self, mut params: Value) {
-        let host_token = {
-            let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-            let token = params.get("progressToken");
-            routes
-                .routes
-                .values()
-                .find(|r| r.child_token.is_some() && r.child_token.as_ref() == token)
-                .map(|r| r.host_token.clone())
+    /// A progress notification of the child, received on connection `connection`: passed on
+    /// under the host's token of each call waiting for that request, or dropped.
+    pub async fn progress(&self, connection: u64, params: Value) {
+        // Every claim begun before this notification arrived is finished first.
+        drop(self.sending.write().await);
+        let token = ChildToken {
+            connection,
+            token: params.get("progressToken").cloned().unwrap_or(Value::Null),
         };
-        match host_token {
-            Some(token) => {
-                params["progressToken"] = token;
-                self.notify("notifications/progress", params);
-            }
-            None => {
-                tracing::debug!(child = %self.child, "progress for no waiting request; dropped")
-            }
+        let host_tokens: Vec<Value> = self
+            .routes()
+            .routes
+            .values()
+            .filter(|r| r.child.contains(&token))
+            .filter_map(|r| r.host_token.clone())
+            .collect();
+        if host_tokens.is_empty() {
+            tracing::debug!(child = %self.child, "progress for no waiting request; dropped");
+        }
+        for host_token in host_tokens {
+            let mut params = params.clone();
+            params["progressToken"] = host_token;
+            self.notify("notifications/progress", params);
         }
     }
 
@@ -236,28 +327,140 @@ mod tests {
         }
     }
 
-    #[test]
-    fn progress_reaches_the_waiting_host_request_under_its_token_and_only_while_it_waits() {
+    fn progress(token: i64, value: f64) -> Value {
+        json!({"progressToken": token, "progress": value})
+    }
+
+    /// What the host was sent: each notification's token and progress.
+    fn heard(seen: &Seen) -> Vec<(Value, Value)> {
+        let seen = seen.0.lock().unwrap();
+        seen.iter()
+            .map(|(method, p)| {
+                assert_eq!(method, "notifications/progress");
+                (p["progressToken"].clone(), p["progress"].clone())
+            })
+            .collect()
+    }
+
+    fn attached() -> (Arc<Relay>, Arc<Seen>) {
         let relay = Relay::new("srv");
         let seen = Arc::new(Seen::default());
         relay.attach(seen.clone());
-        let args = json!({"n": 1});
-        let guard = relay.expect("slow", &args, json!("host-7"));
-        // Another call's token is not this one's.
-        relay.claim("slow", &json!({"n": 2}), json!(1));
-        relay.progress(json!({"progressToken": 1, "progress": 0.5}));
-        relay.claim("slow", &args, json!(2));
-        relay.progress(json!({"progressToken": 2, "progress": 0.5}));
-        drop(guard);
-        relay.progress(json!({"progressToken": 2, "progress": 1.0}));
-        let seen = seen.0.lock().unwrap();
+        (relay, seen)
+    }
+
+    /// A request to the child for `operation`, sent on `connection` and claimed under `token`.
+    async fn sent(
+        relay: &Relay,
+        operation: &str,
+        tool: &str,
+        arguments: &Value,
+        connection: u64,
+        token: i64,
+    ) {
+        let sending = relay.sending().await;
+        sending.claim(operation, tool, arguments, connection, json!(token));
+    }
+
+    #[tokio::test]
+    async fn identical_calls_of_two_operations_each_hear_only_their_own_request() {
+        let (relay, seen) = attached();
+        let args = json!({"subject": "printer"});
+        let _a = relay.expect("slow", &args, Some("t:e:w:a"), Some(json!("host-a")));
+        let _b = relay.expect("slow", &args, Some("t:e:w:b"), Some(json!("host-b")));
+        // The second call reaches the child first: the order of arrival decides nothing.
+        sent(&relay, "t:e:w:b", "slow", &args, 0, 0).await;
+        sent(&relay, "t:e:w:a", "slow", &args, 0, 1).await;
+        relay.progress(0, progress(1, 0.1)).await;
+        relay.progress(0, progress(0, 0.2)).await;
+        relay.progress(0, progress(1, 0.3)).await;
         assert_eq!(
-            *seen,
-            [(
-                "notifications/progress".to_string(),
-                json!({"progressToken": "host-7", "progress": 0.5})
-            )]
+            heard(&seen),
+            [
+                (json!("host-a"), json!(0.1)),
+                (json!("host-b"), json!(0.2)),
+                (json!("host-a"), json!(0.3)),
+            ]
         );
+    }
+
+    #[tokio::test]
+    async fn progress_reaches_a_host_call_only_while_it_waits_and_only_if_it_asked() {
+        let (relay, seen) = attached();
+        let args = json!({"n": 1});
+        let waiting = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("host-7")));
+        let silent = relay.expect("slow", &args, Some("t:e:w:quiet"), None);
+        // A request of no announced operation, and one whose host asked for no progress.
+        sent(&relay, "t:e:w:other", "slow", &args, 0, 1).await;
+        sent(&relay, "t:e:w:quiet", "slow", &args, 0, 2).await;
+        sent(&relay, "t:e:w:s", "slow", &args, 0, 3).await;
+        for token in [1, 2, 3] {
+            relay.progress(0, progress(token, 0.5)).await;
+        }
+        drop(waiting);
+        drop(silent);
+        relay.progress(0, progress(3, 1.0)).await;
+        assert_eq!(heard(&seen), [(json!("host-7"), json!(0.5))]);
+    }
+
+    #[tokio::test]
+    async fn a_token_of_a_dead_child_is_not_the_same_token_of_the_child_started_again() {
+        let (relay, seen) = attached();
+        let args = json!({});
+        let _old = relay.expect("slow", &args, Some("t:e:w:old"), Some(json!("host-old")));
+        let _new = relay.expect("slow", &args, Some("t:e:w:new"), Some(json!("host-new")));
+        sent(&relay, "t:e:w:old", "slow", &args, 1, 0).await;
+        // The new process's SDK counts from zero again.
+        sent(&relay, "t:e:w:new", "slow", &args, 2, 0).await;
+        relay.progress(2, progress(0, 0.5)).await;
+        assert_eq!(heard(&seen), [(json!("host-new"), json!(0.5))]);
+    }
+
+    #[tokio::test]
+    async fn host_calls_waiting_for_one_operation_all_hear_its_one_request() {
+        let (relay, seen) = attached();
+        let args = json!({});
+        let _first = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("first")));
+        let _again = relay.expect("slow", &args, Some("t:e:w:s"), Some(json!("again")));
+        sent(&relay, "t:e:w:s", "slow", &args, 0, 4).await;
+        relay.progress(0, progress(4, 0.5)).await;
+        assert_eq!(
+            heard(&seen),
+            [(json!("first"), json!(0.5)), (json!("again"), json!(0.5))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_read_without_a_key_is_matched_by_tool_and_arguments_and_never_takes_a_keyed_call() {
+        let (relay, seen) = attached();
+        let args = json!({"number": 7});
+        let _keyed = relay.expect("get", &args, Some("t:e:w:s"), Some(json!("keyed")));
+        let _read = relay.expect("get", &args, None, Some(json!("read")));
+        let _other = relay.expect("get", &json!({"number": 8}), None, Some(json!("other")));
+        // The executor's own key for a read is unknown to the face.
+        sent(&relay, "t:e:unkeyed:w.1", "get", &args, 0, 5).await;
+        sent(&relay, "t:e:unkeyed:w.2", "get", &args, 0, 6).await;
+        relay.progress(0, progress(5, 0.5)).await;
+        relay.progress(0, progress(6, 0.5)).await;
+        assert_eq!(heard(&seen), [(json!("read"), json!(0.5))]);
+    }
+
+    #[tokio::test]
+    async fn progress_that_overtakes_the_claim_of_its_request_waits_for_it() {
+        let (relay, seen) = attached();
+        let args = json!({});
+        let _route = relay.expect("fast", &args, Some("t:e:w:s"), Some(json!("host")));
+        let sending = relay.sending().await;
+        // The child answers with progress before the sender has claimed the token.
+        let early = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.progress(0, progress(9, 0.5)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!early.is_finished());
+        sending.claim("t:e:w:s", "fast", &args, 0, json!(9));
+        early.await.unwrap();
+        assert_eq!(heard(&seen), [(json!("host"), json!(0.5))]);
     }
 
     #[tokio::test]

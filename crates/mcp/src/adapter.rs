@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::{self, HeaderValue, Request, Response, StatusCode, header};
-use idemgate_core::contract::{Contract, Identity};
+use idemgate_core::contract::{Contract, EffectClass, Identity};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::store::BoxFuture;
@@ -375,6 +375,37 @@ async fn notify_host(
     sent.map_err(|e| e.to_string())
 }
 
+/// A request to the host that nobody waits for any more unless [`Abandoned::answered`] is
+/// called: dropping it sends the host `notifications/cancelled` for the request.
+struct Abandoned {
+    peer: Option<rmcp::Peer<RoleServer>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Abandoned {
+    fn answered(mut self) {
+        self.peer = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let (Some(peer), Ok(runtime)) = (self.peer.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let cancel = rmcp::model::CancelledNotificationParam::new(
+            Some(self.id.clone()),
+            Some("the child MCP server cancelled its request".into()),
+        );
+        runtime.spawn(async move {
+            if let Err(e) = peer.notify_cancelled(cancel).await {
+                tracing::debug!(error = %e, "the host was not told of a cancelled request");
+            }
+        });
+    }
+}
+
 impl wrapped::Host for HostPeer {
     fn notify(&self, method: &str, params: Value) {
         let _ = self.notifications.send((method.to_string(), params));
@@ -431,7 +462,25 @@ impl wrapped::Host for HostPeer {
                 ),
                 _ => rmcp::model::ServerRequest::ListRootsRequest(Default::default()),
             };
-            match self.peer.send_request(request).await {
+            let sent = self
+                .peer
+                .send_request_with_option(request, rmcp::service::PeerRequestOptions::no_options())
+                .await;
+            let answer = match sent {
+                Ok(handle) => {
+                    // Dropped before the answer (the child cancelled its request): the host
+                    // is told, so that its model or its user stops working on it.
+                    let abandoned = Abandoned {
+                        peer: Some(self.peer.clone()),
+                        id: handle.id.clone(),
+                    };
+                    let answer = handle.await_response().await;
+                    abandoned.answered();
+                    answer
+                }
+                Err(e) => Err(e),
+            };
+            match answer {
                 Ok(answer) => Ok(serde_json::to_value(answer).unwrap_or(Value::Null)),
                 Err(rmcp::ServiceError::McpError(e)) => Err(wrapped::Forwarded {
                     code: e.code.0,
@@ -1043,15 +1092,28 @@ impl ServerHandler for Handler {
             } => {
                 let arguments = Value::Object(arguments);
                 // The child's progress for this call reaches the host under the host's token
-                // while the host waits.
-                let _waiting = match (&self.shared.wrap, context.meta.get_progress_token()) {
-                    (Some(wrap), Some(token)) => Some(wrap.child.expect_progress(
-                        &contract,
-                        &arguments,
-                        serde_json::to_value(token).unwrap_or(Value::Null),
-                    )),
-                    _ => None,
-                };
+                // while the host waits. The call is known to the child's side by the operation
+                // key the executor makes of it (a read gets one of its own there), so it is
+                // announced by that key, made here as the executor makes it.
+                let _waiting = self.shared.wrap.as_ref().map(|wrap| {
+                    let operation = match (loaded.effect_class, &workflow_id, &step_id) {
+                        (EffectClass::Read, _, _) => None,
+                        (_, Some(workflow), Some(step)) => OperationKey::new(
+                            &caller.tenant,
+                            self.shared.gateway.environment(),
+                            workflow,
+                            step,
+                        )
+                        .ok(),
+                        _ => None,
+                    };
+                    let token = context
+                        .meta
+                        .get_progress_token()
+                        .map(|t| serde_json::to_value(t).unwrap_or(Value::Null));
+                    wrap.child
+                        .expect_progress(&contract, &arguments, operation.as_ref(), token)
+                });
                 let invoke =
                     self.shared
                         .gateway

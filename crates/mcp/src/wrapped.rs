@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use idemgate_core::contract::{Contract, EffectClass};
+use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{Outcome, Status};
 use idemgate_core::store::BoxFuture;
 use serde_json::{Map, Value, json};
@@ -58,9 +59,17 @@ pub type Waiting = Box<dyn std::any::Any + Send + Sync>;
 pub trait Passthrough: Send + Sync + 'static {
     /// The host is connected: the child's notifications and requests go to it from now on.
     fn attach(&self, host: std::sync::Arc<dyn Host>);
-    /// The host called `tool` with `arguments` and asked for progress under `token`: the
-    /// child's progress for that call reaches the host under it while the result lives.
-    fn expect_progress(&self, tool: &str, arguments: &Value, token: Value) -> Waiting;
+    /// The host called `tool` with `arguments`, which the executor runs as `operation` (`None`
+    /// when it gets a key of its own there: a read), and asked for progress under `token`, if
+    /// it gave one: the child's progress for that operation's request reaches the host under it
+    /// while the result lives.
+    fn expect_progress(
+        &self,
+        tool: &str,
+        arguments: &Value,
+        operation: Option<&OperationKey>,
+        token: Option<Value>,
+    ) -> Waiting;
     /// One notification of the host for the child (`notifications/roots/list_changed`).
     fn notify<'a>(&'a self, method: &'a str) -> BoxFuture<'a, ()>;
     /// The child's `capabilities` from its `initialize` answer.
@@ -319,7 +328,6 @@ calling again for it replays this answer and sends nothing; trying again needs a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idemgate_core::key::OperationKey;
 
     fn map(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap()

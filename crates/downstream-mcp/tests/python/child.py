@@ -14,9 +14,15 @@ Tools:
 - with `--collide`: also `idemgate_operation_status`, the name of idemgate's own tool.
 - with `--events`, tools that talk back to the host during a call:
   - `slow_ticket(subject)` — logs, reports progress three times, then one effect.
+  - `tagged_ticket(subject, calls)` — waits until `calls` calls of it are running at once
+    (each appends its operation key to `<effects>.arrived`), then reports progress three
+    times, each message naming the operation key its request carried in `_meta`, then one
+    effect.
   - `summarize_ticket(subject)` — asks the host's model (sampling), then one effect naming
     the model's answer.
   - `ticket_roots()` — asks the host for its roots (read-only).
+  - `impatient_ticket(subject)` — asks the host's model (sampling), gives up after one second
+    (cancelling its request), and opens nothing.
   - `confirm_ticket(subject)` — asks the host's user for a priority (elicitation), then one
     effect naming it, or none when the user declines.
   - `later_ticket(subject, seconds)` — waits, then one effect (for a cancelled call).
@@ -25,6 +31,9 @@ Tools:
     name of idemgate's own.
   - a resource `tickets://slow` that answers after 30 s, and writes `<effects>.cancelled` when
     its request is cancelled; completion of the prompt `triage`'s `subject`.
+  - `logging/setLevel`, `resources/subscribe` and `resources/unsubscribe` answered, and every
+    one received — and every read of `tickets://count` — appended to `<effects>.received` as
+    `pid<TAB>method<TAB>level or uri`, so a test sees what each process was told, in order.
 A resource `tickets://count` and a prompt `triage` test the pass-through.
 """
 
@@ -105,7 +114,9 @@ if args.events:
 
     import anyio
     from mcp.server.mcpserver import Context
-    from mcp_types import Completion, PromptReference, SamplingMessage, TextContent
+    from mcp_types import (Completion, EmptyResult, PromptReference, SamplingMessage,
+                           SetLevelRequestParams, SubscribeRequestParams, TextContent,
+                           UnsubscribeRequestParams)
     from pydantic import BaseModel
 
     class Priority(BaseModel):
@@ -124,6 +135,42 @@ if args.events:
         n = effect("slow", subject)
         return f"ticket T-{n} opened slowly: {subject}"
 
+    @server.tool(description="Opens a ticket once `calls` calls of it run at once, telling how far it got.")
+    async def tagged_ticket(subject: str, calls: int, ctx: Context) -> str:
+        operation = (ctx.request_context.meta or {}).get("io.idemgate/operation_key", "none")
+        arrived = Path(f"{EFFECTS}.arrived")
+        with arrived.open("a") as f:
+            f.write(f"{operation}\n")
+        with anyio.move_on_after(20):
+            while len(arrived.read_text().splitlines()) < calls:
+                await anyio.sleep(0.02)
+        for step in (1, 2, 3):
+            await ctx.report_progress(step, 3, f"{operation} step {step}")
+            await anyio.sleep(0.05)
+        n = effect("tagged", subject)
+        return f"ticket T-{n} opened: {subject}"
+
+    def received(method: str, value: str) -> None:
+        with Path(f"{EFFECTS}.received").open("a") as f:
+            f.write(f"{os.getpid()}\t{method}\t{value}\n")
+
+    async def on_set_level(_ctx, params: SetLevelRequestParams) -> EmptyResult:
+        received("logging/setLevel", params.level)
+        return EmptyResult()
+
+    async def on_subscribe(_ctx, params: SubscribeRequestParams) -> EmptyResult:
+        received("resources/subscribe", str(params.uri))
+        return EmptyResult()
+
+    async def on_unsubscribe(_ctx, params: UnsubscribeRequestParams) -> EmptyResult:
+        received("resources/unsubscribe", str(params.uri))
+        return EmptyResult()
+
+    lowlevel = server._lowlevel_server
+    lowlevel.add_request_handler("logging/setLevel", SetLevelRequestParams, on_set_level)
+    lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, on_subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, on_unsubscribe)
+
     @server.tool(description="Opens a ticket with a summary written by the host's model.")
     async def summarize_ticket(subject: str, ctx: Context) -> str:
         answer = await ctx.session.create_message(
@@ -132,6 +179,15 @@ if args.events:
         summary = answer.content.text
         n = effect("summary", summary)
         return f"ticket T-{n} opened: {summary}"
+
+    @server.tool(description="Asks the host's model for a summary, and gives up after a second.")
+    async def impatient_ticket(subject: str, ctx: Context) -> str:
+        with anyio.move_on_after(1):
+            await ctx.session.create_message(
+                [SamplingMessage(role="user", content=TextContent(type="text", text=f"Summarize: {subject}"))],
+                max_tokens=20)
+            return "answered in time"
+        return f"gave up waiting for a summary of {subject}"
 
     @server.tool(description="Lists the host's roots.", annotations=ToolAnnotations(read_only_hint=True))
     async def ticket_roots(ctx: Context) -> str:
@@ -192,6 +248,8 @@ if args.events:
 
 @server.resource("tickets://count")
 def ticket_count() -> str:
+    if args.events:
+        received("resources/read", "tickets://count")
     return str(len(EFFECTS.read_text().splitlines()) if EFFECTS.exists() else 0)
 
 

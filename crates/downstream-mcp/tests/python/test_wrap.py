@@ -506,6 +506,85 @@ async def test_a_childs_log_and_progress_during_a_call_reach_the_host(world: Wor
     assert world.effects("slow") == ["slow\tprinter"]
 
 
+async def test_identical_concurrent_calls_each_receive_only_their_own_progress(world: World):
+    """Four calls with the same tool and arguments, four operations (distinct `_meta`), run at
+    once at the child (it waits until all four arrived); the child tags each progress message
+    with the operation key its request carried. Each host call hears three steps, every one
+    naming the operation that call's answer names: progress goes by the request that owns it,
+    not by tool and arguments."""
+    calls = 4
+    heard: dict[int, list[str]] = {n: [] for n in range(calls)}
+    outcomes: dict[int, dict[str, Any]] = {}
+
+    def listener(n: int):
+        async def on_progress(_value: float, _total: float | None, message: str | None) -> None:
+            heard[n].append(message or "")
+        return on_progress
+
+    async with world.connect(child=EVENTS, mode="legacy") as client:
+        async def call(n: int) -> None:
+            result = await client.call_tool("tagged_ticket", {"subject": "same", "calls": calls},
+                                            meta=meta(f"tagged-{n}"), progress_callback=listener(n))
+            outcomes[n] = result.structured_content
+
+        async with anyio.create_task_group() as tg:
+            for n in range(calls):
+                tg.start_soon(call, n)
+        await wait_for(lambda: all(len(h) == 3 for h in heard.values()), seconds=5)
+    keys = {n: outcomes[n]["operation_key"] for n in range(calls)}
+    assert all(o["status"] == "applied" for o in outcomes.values()), outcomes
+    assert len(set(keys.values())) == calls, keys
+    # The child saw all four at once, each under its own key.
+    assert sorted(Path(f"{world.effects_file}.arrived").read_text().split()) == sorted(keys.values())
+    for n in range(calls):
+        assert sorted(heard[n]) == [f"{keys[n]} step {s}" for s in (1, 2, 3)], (n, heard)
+    assert len(world.effects("tagged")) == calls
+
+
+# `logging/setLevel` and `resources/subscribe` exist on the handshake revision only (the SDK
+# warns that 2026-07-28 removed them); the hosts of today speak it.
+@pytest.mark.filterwarnings("ignore:.*2026-07-28")
+async def test_a_child_started_again_gets_the_hosts_log_level_and_subscriptions_first(world: World):
+    """The host sets the log level twice and subscribes to two resources, then unsubscribes one;
+    the child is killed (SIGKILL). The process started again is told the last level and the one
+    live subscription, before the request that started it — as its own record shows."""
+    received = Path(f"{world.effects_file}.received")
+
+    def told(pid: int) -> list[str]:
+        lines = received.read_text().splitlines() if received.exists() else []
+        return [l.split("\t", 1)[1] for l in lines if l.startswith(f"{pid}\t")]
+
+    async with world.connect(child=EVENTS, mode="legacy") as client:
+        first = world.child_pid()
+        await client.set_logging_level("info")
+        await client.set_logging_level("debug")
+        await client.subscribe_resource("tickets://count")
+        await client.subscribe_resource("tickets://slow")
+        await client.unsubscribe_resource("tickets://slow")
+        assert told(first) == ["logging/setLevel\tinfo", "logging/setLevel\tdebug",
+                               "resources/subscribe\ttickets://count",
+                               "resources/subscribe\ttickets://slow",
+                               "resources/unsubscribe\ttickets://slow"]
+        os.kill(first, signal.SIGKILL)
+        # wrap notices the end on the next request that needs the child and starts it again; a
+        # request sent into the dying connection gets an error, the next one the new process.
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(Exception):
+                read = await client.read_resource("tickets://count")
+                break
+            assert time.monotonic() < deadline, "the child was not started again"
+            await anyio.sleep(0.2)
+        assert read.contents[0].text == "0"
+        second = world.child_pid()
+        assert second != first
+        assert told(second) == ["logging/setLevel\tdebug", "resources/subscribe\ttickets://count",
+                                "resources/read\ttickets://count"]
+        # What the host sets now reaches the new process as before.
+        await client.unsubscribe_resource("tickets://count")
+        assert told(second)[-1] == "resources/unsubscribe\ttickets://count"
+
+
 def sampled(answer: str, asked: list[str]):
     async def sampling(_ctx: Any, params: Any) -> Any:
         from mcp_types import CreateMessageResult, TextContent
@@ -545,6 +624,28 @@ async def test_a_childs_request_is_answered_by_the_host_and_the_effect_happens_o
         assert statuses == ["applied", "replayed"]
     assert asked == [question]
     assert world.effects() == [effect]
+
+
+async def test_a_request_the_child_cancels_is_cancelled_at_the_host(world: World):
+    """The child asks the host's model and gives up after a second (its SDK sends
+    `notifications/cancelled`); the host's sampling callback, still working, is cancelled too,
+    instead of running on for nobody."""
+    cancelled: list[str] = []
+
+    async def slow_sampling(_ctx: Any, params: Any) -> Any:
+        try:
+            await anyio.sleep(20)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(params.messages[0].content.text)
+            raise
+        raise AssertionError("the host's sampling ran to its end")
+
+    async with world.connect(child=EVENTS, mode="legacy", sampling_callback=slow_sampling) as client:
+        result = await client.call_tool("impatient_ticket", {"subject": "printer"}, meta=meta("impatient"))
+        assert "gave up waiting for a summary of printer" in result.content[0].text, result.content
+        assert result.structured_content["status"] == "applied", result.structured_content
+        await wait_for(lambda: cancelled == ["Summarize: printer"], seconds=5)
+    assert world.effects() == []
 
 
 async def test_a_sampling_request_the_host_cannot_answer_is_an_error_for_the_child(world: World):
