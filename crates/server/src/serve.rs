@@ -7,13 +7,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_app::contracts;
 use idemgate_app::{Effects, GatewayStoreError, HttpEffects, Recovery, SandboxEffects, ToolSet};
 use idemgate_core::contract::Contract;
-use idemgate_core::store::Store;
 use idemgate_engine::Settings;
 
 use crate::auth::{Principal, Role, Tokens, generate_token};
@@ -51,19 +49,8 @@ pub enum Error {
     Unsupported(String),
 }
 
-/// Opens a gateway's store from its URL: `sqlite://PATH` or `postgres://…`, sealing its audit
-/// entries with the key in `IDEMGATE_AUDIT_KEY` (unsigned, with a warning, when it is not set;
-/// a malformed key stops the start) and, with `encryption_key_env`, its stored requests and
-/// results.
-pub async fn open_store(
-    url: &str,
-    encryption_key_env: Option<&str>,
-) -> Result<Arc<dyn Store>, Error> {
-    idemgate_app::open_gateway_store(url, encryption_key_env)
-        .await
-        .map_err(Error::from)
-}
-
+/// A gateway store that could not be opened: a bad URL or store is `Store`, a bad audit or
+/// encryption key `Unsupported`.
 impl From<GatewayStoreError> for Error {
     fn from(e: GatewayStoreError) -> Error {
         match e {
@@ -187,8 +174,11 @@ pub fn contracts(loaded: &Loaded) -> Result<Vec<Contract>, Error> {
 /// Opens the configured store and assembles the gateway over `tools` and `tokens`: what
 /// `idemgate serve` and `idemgate mcp --config` share.
 pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result<AppState, Error> {
-    // Stored requests and results are sealed at rest when a key is configured.
-    let store = open_store(&config.store, config.encryption_key_env.as_deref()).await?;
+    // Audit entries are signed with IDEMGATE_AUDIT_KEY (unsigned, with a warning, without it);
+    // stored requests and results are sealed at rest when a key is configured.
+    let store =
+        idemgate_app::open_gateway_store(&config.store, config.encryption_key_env.as_deref())
+            .await?;
     Ok(Gateway::new(store, tools, tokens)
         .environment(config.environment.clone())
         .limits(config.limits)
