@@ -1,7 +1,11 @@
-//! Contract file patterns: one expansion for every face (`serve`'s `contracts = [...]`,
-//! `idemgate mcp --contracts`, `wrap`'s file, `consume`).
+//! Contract loading, one for every face (`serve`'s `contracts = [...]`, `idemgate mcp
+//! --contracts`, `wrap`'s file, `consume`): patterns → files ([`expand`], [`files`]) →
+//! checked contracts ([`load_files`], or both at once with [`load`]), and the embedded
+//! examples ([`examples`]) that `idemgate serve` without configuration runs.
 
 use std::path::{Path, PathBuf};
+
+use idemgate_core::contract::{Contract, LoadError};
 
 /// A pattern that cannot be expanded, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +53,90 @@ pub fn expand(pattern: &str, base: &Path) -> Result<Vec<PathBuf>, GlobError> {
     Ok(found)
 }
 
+/// Why contracts could not be loaded. Each face words the first three its own way (`serve`
+/// prefixes `contracts:`); the [`Display`](std::fmt::Display) here is `idemgate mcp`'s.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Glob(#[from] GlobError),
+    #[error("no contract files match {0:?}")]
+    NoMatch(Vec<String>),
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Contract(#[from] LoadError),
+}
+
+/// Expands every pattern relative to `base`, in order; each pattern's files sorted.
+pub fn files(patterns: &[String], base: &Path) -> Result<Vec<PathBuf>, GlobError> {
+    let mut files = Vec::new();
+    for pattern in patterns {
+        files.extend(expand(pattern, base)?);
+    }
+    Ok(files)
+}
+
+/// Reads and checks contract files, named in errors as given.
+pub fn load_files(files: &[PathBuf]) -> Result<Vec<Contract>, Error> {
+    files
+        .iter()
+        .map(|path| {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+                path: shown.clone(),
+                source,
+            })?;
+            Ok(Contract::load(&text, &shown)?)
+        })
+        .collect()
+}
+
+/// The contracts the patterns name, relative to `base`: no matching file is an error.
+pub fn load(patterns: &[String], base: &Path) -> Result<Vec<Contract>, Error> {
+    let files = files(patterns, base)?;
+    if files.is_empty() {
+        return Err(Error::NoMatch(patterns.to_vec()));
+    }
+    load_files(&files)
+}
+
+/// The example contracts, embedded so that `idemgate serve` without configuration runs from
+/// any directory.
+pub const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "tickets.create.yaml",
+        include_str!("../../../contracts/tickets.create.yaml"),
+    ),
+    (
+        "tickets.get.yaml",
+        include_str!("../../../contracts/tickets.get.yaml"),
+    ),
+    (
+        "tickets.set_status.yaml",
+        include_str!("../../../contracts/tickets.set_status.yaml"),
+    ),
+    (
+        "email.send.yaml",
+        include_str!("../../../contracts/email.send.yaml"),
+    ),
+    (
+        "reports.generate.yaml",
+        include_str!("../../../contracts/reports.generate.yaml"),
+    ),
+];
+
+/// Loads the embedded example contracts.
+pub fn examples() -> Result<Vec<Contract>, LoadError> {
+    EXAMPLES
+        .iter()
+        .map(|(file, text)| Contract::load(text, file))
+        .collect()
+}
+
 /// `*` matches any run of characters; everything else matches itself.
 pub fn wildcard(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
@@ -89,6 +177,27 @@ mod tests {
         ] {
             assert_eq!(wildcard(pattern, text), expect, "{pattern} ~ {text}");
         }
+    }
+
+    #[test]
+    fn the_examples_load() {
+        assert_eq!(examples().unwrap().len(), EXAMPLES.len());
+    }
+
+    #[test]
+    fn load_needs_a_matching_file_and_names_the_file_it_cannot_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load(&["*.yaml".into()], dir.path()).unwrap_err();
+        assert_eq!(e.to_string(), r#"no contract files match ["*.yaml"]"#);
+        let (name, text) = EXAMPLES[0];
+        std::fs::write(dir.path().join(name), text).unwrap();
+        let loaded = load(&["*.yaml".into()], dir.path()).unwrap();
+        assert_eq!(loaded[0].name, "tickets.create");
+        let e = load(&["missing.yaml".into()], dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Read { path, .. } if path.ends_with("missing.yaml")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,17 +1,36 @@
-//! The application assembly shared by every face of the `idemgate` binary and by the
-//! conformance runner: what each of them would otherwise write for itself.
+//! The one application assembly behind every face of the `idemgate` binary — `serve` (API v1
+//! and MCP over HTTP), `idemgate mcp` (stdio, with or without `--config`), `idemgate wrap` —
+//! and the conformance runner. Each face reads its own flags or file into plain values and
+//! goes through the same steps, in this order:
 //!
-//! - [`open_store`]: a store from its URL, `sqlite://PATH` (the embedded default) or
-//!   `postgres://…` / `postgresql://…`, sealing audit entries with the given [`Sealer`].
-//! - [`redact`]: a store URL without its password, for messages and logs.
-//! - [`contracts::expand`]: contract file patterns (`contracts/*.yaml`) to files.
+//! 1. [`contracts`] — patterns → files → checked contracts ([`contracts::load`]), or the
+//!    embedded examples ([`contracts::examples`]).
+//! 2. [`tools`] — the contracts and their effects: [`tools::ToolSet`], the one registry, built
+//!    through an [`tools::Effects`] factory ([`tools::HttpEffects`], [`tools::SandboxEffects`],
+//!    a fake); it is also the executor's authorizer, routing each request to its tool's hook.
+//! 3. [`open_store`] / [`open_gateway_store`] — a store from its URL, `sqlite://PATH` (the
+//!    embedded default) or `postgres://…` / `postgresql://…`; for a gateway, audit entries
+//!    signed with the key in `IDEMGATE_AUDIT_KEY` and stored requests and results encrypted
+//!    when a key is configured.
+//! 4. [`Assembly`] → [`App`] — the executor over the store and the tools; the app starts its
+//!    recoverer ([`App::start_recoverer`], intervals from [`Recovery`]) and answers the two
+//!    calls every face makes, [`App::invoke`] and [`App::status`].
+//!
+//! [`redact`] writes a store URL without its password, for messages and logs. This crate knows
+//! no protocol: HTTP, MCP and flags are the faces'.
 
+pub mod assembly;
 pub mod contracts;
+pub mod tools;
 
 use std::sync::Arc;
 
 use idemgate_core::audit::Sealer;
 use idemgate_core::store::Store;
+use idemgate_engine::sealed::SealedStore;
+
+pub use assembly::{App, Assembly, Background, Recovery};
+pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +64,56 @@ pub async fn open_store(url: &str, sealer: Sealer) -> Result<Arc<dyn Store>, Ope
         return Ok(Arc::new(store));
     }
     Err(fail("must start with sqlite:// or postgres://".into()))
+}
+
+/// Why a gateway's store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayStoreError {
+    /// `IDEMGATE_AUDIT_KEY` is set but is no key.
+    #[error("{0}")]
+    AuditKey(String),
+    /// The encryption key variable does not hold a key.
+    #[error("encryption_key_env = {var:?}: {message}")]
+    EncryptionKey { var: String, message: String },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+}
+
+/// The encryption key in the variable `var`, checked.
+pub fn encryption_key(var: &str) -> Result<idemgate_engine::sealed::Sealer, GatewayStoreError> {
+    idemgate_engine::sealed::Sealer::from_env(var).map_err(|e| GatewayStoreError::EncryptionKey {
+        var: var.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Opens a gateway's store (`serve`, `idemgate mcp --config`): audit entries signed with the
+/// key in `IDEMGATE_AUDIT_KEY` (unsigned, with a warning, when it is not set; a malformed key
+/// stops the start), and stored requests and results sealed at rest with the key in
+/// `encryption_key_env` when one is configured.
+pub async fn open_gateway_store(
+    url: &str,
+    encryption_key_env: Option<&str>,
+) -> Result<Arc<dyn Store>, GatewayStoreError> {
+    let audit = idemgate_audit::sealer_from_env()
+        .map_err(|e| GatewayStoreError::AuditKey(e.to_string()))?;
+    match audit.public_key() {
+        Some(key) => tracing::info!(
+            public_key = idemgate_core::audit::hex(&key),
+            "audit log entries are signed"
+        ),
+        None => tracing::warn!(
+            "{} is not set: audit log entries are chained but unsigned, and `idemgate audit \
+             verify --public-key` will refuse them (see docs/operators.md, Audit log)",
+            idemgate_audit::KEY_VAR
+        ),
+    }
+    let store = open_store(url, audit).await?;
+    Ok(match encryption_key_env {
+        Some(var) => Arc::new(SealedStore::new(store, encryption_key(var)?)),
+        None => store,
+    })
 }
 
 /// A store URL without its password, for messages.

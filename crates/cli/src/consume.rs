@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use idemgate_app::ToolSet;
 use idemgate_queue::nats::{self, AckFault, Options, Report};
 use idemgate_queue::{Consumer, envelope};
 use idemgate_server::auth::Tokens;
 use idemgate_server::config::{Config, Loaded};
 use idemgate_server::serve;
-use idemgate_server::tools::ToolSet;
 
 /// The test-only fault switch: the share (0 to 1) of acknowledgements this process drops.
 const DROP_ACKS_VAR: &str = "IDEMGATE_FAULT_DROP_ACKS";
@@ -155,28 +155,19 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         args.tenant,
         config.environment,
         serve::redact(&config.store),
-        state.tools().names().collect::<Vec<_>>().join(", ")
+        state.tools().names().join(", ")
     );
 
-    // The recoverer finishes what a killed consumer left pending, as in `serve`.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let recovery = config.recovery;
-    let background = tokio::spawn(state.recoverer().run(
-        Duration::from_secs(recovery.interval_seconds),
-        Duration::from_secs(recovery.sweep_interval_seconds),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    // The recoverer finishes what a killed consumer left pending, as in `serve` (its
+    // `[recovery]` intervals).
+    let background = state.app().start_recoverer();
     let report = Arc::new(Report::default());
     let result = nats::run(client, consumer, options, report.clone(), async {
         serve::shutdown_signal().await;
         println!("idemgate: shutting down; finishing the messages in hand");
     })
     .await;
-    let _ = stop.send(true);
-    let _ = background.await;
+    background.stop().await;
     println!("idemgate consume: {}", report.summary());
     Ok(result?)
 }

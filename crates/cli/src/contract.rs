@@ -215,7 +215,7 @@ fn findings_of(path: &Path, file: &str) -> (Vec<Reported>, Option<ContractFile>)
 /// lookup, job polls, the authorization hook), when it has them. A contract without them is
 /// for the sandbox or a library downstream, and is not judged here.
 fn http_refusal(contract: &Contract) -> Option<String> {
-    use idemgate_server::tools::{Effects, HttpEffects};
+    use idemgate_app::{Effects, HttpEffects};
     let file = &contract.file;
     if file.downstream.http.is_some()
         && let Err(e) = HttpEffects.downstream(contract)

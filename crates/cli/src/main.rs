@@ -17,9 +17,11 @@ mod consume;
 mod contract;
 mod demo;
 mod logs;
+mod mcp;
 mod migrate;
 mod ops;
 mod outbox;
+mod serve;
 mod stores;
 mod token;
 #[cfg(feature = "otel")]
@@ -58,9 +60,9 @@ enum Command {
     /// the `idemgate-conformance` runner beside this binary.
     Conformance(conformance::ConformanceArgs),
     /// Serve API v1 over HTTP: tools from contracts, the recoverer and the retention sweeper.
-    Serve(idemgate_server::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Serve the contracts as MCP tools over stdio, for one local agent.
-    Mcp(idemgate_mcp::cli::McpArgs),
+    Mcp(mcp::McpArgs),
     /// Put the executor in front of any stdio MCP server: `idemgate wrap -- <command> [args…]`.
     Wrap(wrap::WrapArgs),
     /// Operators' actions against a gateway: the reconciliation queue, approvals, timelines.
@@ -174,21 +176,11 @@ fn main() -> ExitCode {
             .map(|()| ExitCode::SUCCESS),
         Command::Conformance(args) => conformance::run(args),
         Command::Serve(args) => runtime()
-            .and_then(|rt| Ok(rt.block_on(idemgate_server::serve(args))?))
+            .and_then(|rt| rt.block_on(serve::run(args)))
             .map(|()| ExitCode::SUCCESS),
-        Command::Mcp(args) => runtime().and_then(|rt| {
-            rt.block_on(async {
-                if args.config.is_some() {
-                    // The gateway's configuration, read by the gateway's own loader.
-                    idemgate_server::mcp::stdio(args).await?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                let store = stores::open(&args.store).await?;
-                idemgate_mcp::cli::run(args, store, idemgate_server::serve::shutdown_signal())
-                    .await?;
-                Ok(ExitCode::SUCCESS)
-            })
-        }),
+        Command::Mcp(args) => runtime()
+            .and_then(|rt| rt.block_on(mcp::run(args)))
+            .map(|()| ExitCode::SUCCESS),
         Command::Wrap(args) => runtime()
             .and_then(|rt| rt.block_on(wrap::run(args)))
             .map(|()| ExitCode::SUCCESS),

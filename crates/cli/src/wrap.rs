@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use idemgate_app::{Assembly, Recovery, Tool, ToolSet};
 use idemgate_core::contract::Contract;
 use idemgate_core::duration::Span;
 use idemgate_core::key::OperationKey;
@@ -42,8 +43,7 @@ use idemgate_core::store::BoxFuture;
 use idemgate_downstream_mcp::{
     Child, ChildSpec, ForwardError, McpDownstream, Started, Upstream, default_contract,
 };
-use idemgate_mcp::assembly::{Assembly, IdentityRule, Local, Recovery, Tool};
-use idemgate_mcp::gateway::LocalGateway;
+use idemgate_mcp::assembly::{self, IdentityRule, Local};
 use idemgate_mcp::wrapped::{self, Forwarded, Host, Listing, Passthrough, Waiting, Wrap};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -440,14 +440,14 @@ impl Contracts {
 }
 
 /// Serves the child's tool list again when it changed: the same contracts and defaults as at
-/// start; each tool's contract is served by the gateway before the tool is listed; then the
+/// start; each tool's contract is served by the app's registry before the tool is listed; then the
 /// host is told its list changed. A tool that left the list is refused by name; a name that
 /// now collides (with idemgate's own tool, or twice in the list) is left out, refused with the
 /// error it would have stopped the start with, and printed on stderr.
 struct Refresh {
     child: Arc<Child>,
     passthrough: Arc<ChildPassthrough>,
-    gateway: Arc<LocalGateway>,
+    tools: Arc<ToolSet>,
     listing: Arc<Listing>,
     contracts: Arc<Contracts>,
     max_argument_bytes: usize,
@@ -458,8 +458,11 @@ impl Refresh {
         let contract = self.contracts.of(tool)?;
         let downstream = McpDownstream::new(self.child.clone(), contract.name.clone())
             .with_max_argument_bytes(self.max_argument_bytes);
-        self.gateway
-            .serve_tool(contract.clone(), Arc::new(downstream));
+        self.tools.serve(Tool {
+            contract: contract.clone(),
+            downstream: Arc::new(downstream),
+            authorizer: None,
+        });
         Ok(wrapped::listed(tool, &contract))
     }
 
@@ -524,7 +527,10 @@ pub async fn run(args: WrapArgs) -> anyhow::Result<()> {
     let files = if settings.contracts.is_empty() {
         Vec::new()
     } else {
-        idemgate_mcp::cli::load_contracts(&settings.contracts)?
+        idemgate_app::contracts::load(&settings.contracts, Path::new(""))?
+            .into_iter()
+            .map(Arc::new)
+            .collect()
     };
     let shown = settings.spec.display();
     let (child, started) = Child::start(settings.spec.clone()).await?;
@@ -560,6 +566,7 @@ async fn serve(
         tools.push(Tool {
             contract: contract.clone(),
             downstream: Arc::new(downstream),
+            authorizer: None,
         });
         listed.push(wrapped::listed(tool, &contract));
     }
@@ -571,13 +578,15 @@ async fn serve(
         start_timeout_seconds = settings.start_timeout.as_secs(),
         "wrapping a child MCP server over stdio"
     );
-    let assembly = Assembly::new(
-        settings.local.clone(),
+    settings.local.check()?;
+    // No authorization hooks: every tool is allowed without asking.
+    let app = Assembly::new(
         store,
-        None,
-        tools,
-        settings.recovery,
-    )?;
+        ToolSet::from_tools(tools)?,
+        settings.local.environment.clone(),
+    )
+    .recovery(settings.recovery)
+    .build();
     let passthrough = Arc::new(ChildPassthrough {
         child: child.clone(),
         started,
@@ -587,7 +596,7 @@ async fn serve(
     let refresh = Refresh {
         child,
         passthrough: passthrough.clone(),
-        gateway: assembly.gateway().clone(),
+        tools: app.tools().clone(),
         listing: listing.clone(),
         contracts,
         max_argument_bytes: settings.max_argument_bytes,
@@ -601,9 +610,14 @@ async fn serve(
         identity: settings.identity,
         ..Default::default()
     };
-    let served = assembly
-        .serve_stdio(options, idemgate_server::serve::shutdown_signal())
-        .await;
+    let served = assembly::serve_stdio(
+        &app,
+        Arc::new(app.clone()),
+        settings.local.caller(),
+        options,
+        idemgate_server::serve::shutdown_signal(),
+    )
+    .await;
     refreshing.abort();
     served?;
     Ok(())

@@ -1,7 +1,6 @@
-//! [`HttpAuthorizer`]: the contract's authorization hook, and [`AuthorizerByTool`], which gives
-//! the executor's single authorizer each contract's own hook.
+//! [`HttpAuthorizer`]: the contract's authorization hook. The executor's one authorizer,
+//! which asks each tool's own hook, is the tool registry (`idemgate_app::ToolSet`).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -104,55 +103,5 @@ impl Authorizer for HttpAuthorizer {
             );
             answer
         })
-    }
-}
-
-/// The executor takes one [`Authorizer`]; this one asks the hook of the contract named in each
-/// request, and allows tools whose contract names no hook (as the core's `AllowAll` would).
-/// A request for a tool it was not built with fails closed.
-#[derive(Clone, Debug, Default)]
-pub struct AuthorizerByTool {
-    hooks: HashMap<String, Option<HttpAuthorizer>>,
-}
-
-impl AuthorizerByTool {
-    /// Reads every contract's hook; the first bad section is the error.
-    pub fn from_contracts<'a>(
-        contracts: impl IntoIterator<Item = &'a Contract>,
-    ) -> Result<AuthorizerByTool, ConfigError> {
-        let mut hooks = HashMap::new();
-        for contract in contracts {
-            hooks.insert(
-                contract.name.clone(),
-                HttpAuthorizer::from_contract(contract)?,
-            );
-        }
-        Ok(AuthorizerByTool { hooks })
-    }
-
-    /// Uses `client` for every hook.
-    pub fn with_client(mut self, client: reqwest::Client) -> Self {
-        for hook in self.hooks.values_mut().flatten() {
-            *hook = hook.clone().with_client(client.clone());
-        }
-        self
-    }
-
-    /// Whether `tool`'s contract names a hook.
-    pub fn has_hook(&self, tool: &str) -> bool {
-        matches!(self.hooks.get(tool), Some(Some(_)))
-    }
-}
-
-impl Authorizer for AuthorizerByTool {
-    fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
-        match self.hooks.get(request.tool) {
-            Some(Some(hook)) => hook.authorize(request),
-            Some(None) => Box::pin(std::future::ready(Authorization::Allowed)),
-            None => Box::pin(std::future::ready(Authorization::Unavailable(format!(
-                "no authorization settings loaded for tool `{}`",
-                request.tool
-            )))),
-        }
     }
 }

@@ -17,8 +17,8 @@
 //!   from a timeout.
 //! - [`HttpAuthorizer`] — the contract's `security.authorization_hook`: asked before every
 //!   effect and replay with the caller, tool, key and fingerprint (never the arguments);
-//!   anything but a clear answer fails closed. [`AuthorizerByTool`] routes the executor's one
-//!   authorizer to each contract's hook.
+//!   anything but a clear answer fails closed. The executor's one authorizer, routing to each
+//!   contract's hook, is the application's tool registry (`idemgate_app::ToolSet`).
 //! - [`client`] — the process's shared `reqwest::Client` over rustls with the ring provider.
 
 mod authorizer;
@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-pub use authorizer::{AuthorizerByTool, HttpAuthorizer};
+pub use authorizer::HttpAuthorizer;
 pub use config::{
     BodyMode, ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HOOK_TIMEOUT, DEFAULT_TOTAL_TIMEOUT,
     HookConfig, HttpConfig, JobConfig, LookupConfig, Timeout, TimeoutConfig,

@@ -11,9 +11,10 @@ use idemgate_conformance::http_fake::{FakeServer, HttpFault};
 use idemgate_core::RecordStatus;
 use idemgate_core::clock::SystemClock;
 use idemgate_core::contract::Contract;
+use idemgate_core::effect::{AllowAll, Authorizer};
 use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
 use idemgate_core::store::Store;
-use idemgate_downstream_http::{AuthorizerByTool, HttpDownstream};
+use idemgate_downstream_http::{HttpAuthorizer, HttpDownstream};
 use idemgate_engine::{Caller, Executor, Operation, Settings};
 use idemgate_store_sqlite::{Options, SqliteStore};
 
@@ -37,11 +38,15 @@ async fn world(dedup: bool, lookup: bool) -> World {
 fn world_with(server: FakeServer, contract: Contract) -> World {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("idemgate.db"), Options::default()).unwrap();
-    let authorizer = AuthorizerByTool::from_contracts([&contract]).unwrap();
+    // The contract's own hook, if it names one (the gateway routes to it by tool).
+    let authorizer: Arc<dyn Authorizer> = match HttpAuthorizer::from_contract(&contract).unwrap() {
+        Some(hook) => Arc::new(hook),
+        None => Arc::new(AllowAll),
+    };
     let executor = Executor::new(
         Arc::new(store.clone()),
         Arc::new(SystemClock),
-        Arc::new(authorizer),
+        authorizer,
         Settings {
             worker: "worker-http".into(),
             ..Settings::default()

@@ -17,11 +17,10 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::header::AUTHORIZATION;
 use clap::Parser;
-use idemgate_core::clock::SystemClock;
-use idemgate_core::effect::AllowAll;
-use idemgate_engine::{Caller, Executor, Settings};
+use idemgate_app::{Assembly, ToolSet};
+use idemgate_engine::Caller;
 use idemgate_mcp::fake::FakeDownstreams;
-use idemgate_mcp::{HttpOptions, LocalGateway, Options};
+use idemgate_mcp::{HttpOptions, Options};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -65,20 +64,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<Result<_, _>>()?;
 
-    let contracts = idemgate_mcp::cli::load_contracts(&args.contracts)?;
+    let contracts = idemgate_app::contracts::load(&args.contracts, std::path::Path::new(""))?;
     let store = idemgate_store_sqlite::SqliteStore::open(&args.store, Default::default())?;
-    let executor = Executor::new(
-        Arc::new(store),
-        Arc::new(SystemClock),
-        Arc::new(AllowAll),
-        Settings::default(),
-    );
     let fakes = FakeDownstreams::for_contracts(&contracts);
-    let gateway = LocalGateway::new(executor, args.environment, contracts, |c| {
-        fakes
-            .downstream(&c.name)
-            .ok_or_else(|| "no fake".to_string())
-    })?;
+    let tools = ToolSet::build(contracts, &fakes)?;
+    let gateway = Assembly::new(Arc::new(store), tools, args.environment).build();
 
     // The gateway's token check would go here; this one is a plain map for the test.
     let anonymous = args.anonymous_tenant.clone();

@@ -1,47 +1,17 @@
-//! One assembly of a local face: store → tools and their effects → executor → recoverer →
-//! the stdio server. `idemgate mcp` (contracts with HTTP or fake downstreams) and
+//! The local faces over stdio, on the one application assembly ([`idemgate_app::App`]):
+//! `idemgate mcp` (contracts with HTTP or fake downstreams, with or without `--config`) and
 //! `idemgate wrap` (a child MCP server's tools) differ only in where the tools and effects come
-//! from; both are put together and run here.
-//!
-//! Not yet on it: `idemgate serve` (and `idemgate mcp --config`, which reads the gateway's
-//! configuration), which build their state in `crates/server`.
+//! from and who the one local caller is ([`Local`]); [`serve_stdio`] serves any of them with
+//! the app's recoverer running meanwhile.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use idemgate_core::clock::SystemClock;
-use idemgate_core::contract::Contract;
-use idemgate_core::effect::{AllowAll, Authorizer, Downstream};
 use idemgate_core::key::OperationKey;
-use idemgate_core::store::Store;
-use idemgate_engine::{Caller, Executor, Recoverer, Settings};
+use idemgate_engine::Caller;
 
 use crate::adapter::{self, Options};
-use crate::gateway::{self, LocalGateway};
-
-/// How often the recoverer looks for due records, and how often it sweeps retention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recovery {
-    pub every: Duration,
-    pub sweep_every: Duration,
-}
-
-impl Default for Recovery {
-    fn default() -> Self {
-        Recovery {
-            every: Duration::from_secs(2),
-            sweep_every: Duration::from_secs(300),
-        }
-    }
-}
-
-/// One tool and the effect behind it.
-#[derive(Clone)]
-pub struct Tool {
-    pub contract: Arc<Contract>,
-    pub downstream: Arc<dyn Downstream>,
-}
+use crate::gateway::Gateway;
 
 /// Who the one local caller is, and where its operations live.
 #[derive(Debug, Clone)]
@@ -59,14 +29,12 @@ pub struct Local {
 /// wins. The rule is the core's, read as a contract reads it.
 pub use idemgate_core::contract::Identity as IdentityRule;
 
-/// Why the parts do not fit together.
+/// Why the local caller cannot be served.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     #[error("--tenant, --environment and --actor: {0}")]
     Identity(String),
-    #[error(transparent)]
-    Gateway(#[from] gateway::Error),
 }
 
 impl Local {
@@ -90,82 +58,19 @@ impl Local {
     }
 }
 
-/// The parts, put together: an executor over one store serving one environment's tools.
-pub struct Assembly {
-    local: Local,
-    gateway: Arc<LocalGateway>,
-    recovery: Recovery,
-}
-
-impl Assembly {
-    /// Builds the executor over `store` with `authorizer` (`None`: allow every call, for a
-    /// local face with no hooks) and the gateway over `tools`, in listing order.
-    pub fn new(
-        local: Local,
-        store: Arc<dyn Store>,
-        authorizer: Option<Arc<dyn Authorizer>>,
-        tools: Vec<Tool>,
-        recovery: Recovery,
-    ) -> Result<Assembly, Error> {
-        local.check()?;
-        let authorizer = authorizer.unwrap_or_else(|| Arc::new(AllowAll));
-        let executor = Executor::new(
-            store,
-            Arc::new(SystemClock),
-            authorizer,
-            Settings::default(),
-        );
-        let contracts: Vec<Arc<Contract>> = tools.iter().map(|t| t.contract.clone()).collect();
-        let gateway =
-            LocalGateway::new(executor, local.environment.clone(), contracts, |contract| {
-                tools
-                    .iter()
-                    .find(|t| t.contract.name == contract.name)
-                    .map(|t| t.downstream.clone())
-                    .ok_or_else(|| "no downstream".to_string())
-            })?;
-        Ok(Assembly {
-            local,
-            gateway: Arc::new(gateway),
-            recovery,
-        })
-    }
-
-    pub fn gateway(&self) -> &Arc<LocalGateway> {
-        &self.gateway
-    }
-
-    pub fn local(&self) -> &Local {
-        &self.local
-    }
-
-    /// Serves over this process's stdin and stdout until the client closes stdin or
-    /// `shutdown` completes, with the recoverer driving abandoned claims, jobs and expiries
-    /// meanwhile (not only retries); stops the recoverer before it returns.
-    pub async fn serve_stdio(
-        self,
-        options: Options,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), adapter::Error> {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let recoverer = Recoverer::new(
-            self.gateway.executor().clone(),
-            self.gateway.clone(),
-            self.local.environment.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        let recovering = tokio::spawn(recoverer.run(
-            self.recovery.every,
-            self.recovery.sweep_every,
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
-            },
-        ));
-        let result =
-            adapter::serve_stdio(self.gateway.clone(), self.local.caller(), options, shutdown)
-                .await;
-        let _ = stop_tx.send(true);
-        let _ = recovering.await;
-        result
-    }
+/// Serves `gateway` (the app, or a face's state over it) to `caller` over this process's
+/// stdin and stdout until the client closes stdin or `shutdown` completes, with the app's
+/// recoverer driving abandoned claims, jobs and expiries meanwhile (not only retries); stops
+/// the recoverer before it returns.
+pub async fn serve_stdio(
+    app: &idemgate_app::App,
+    gateway: Arc<dyn Gateway>,
+    caller: Caller,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), adapter::Error> {
+    let recovering = app.start_recoverer();
+    let result = adapter::serve_stdio(gateway, caller, options, shutdown).await;
+    recovering.stop().await;
+    result
 }

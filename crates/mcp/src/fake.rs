@@ -14,9 +14,10 @@
 
 use std::sync::Arc;
 
+use idemgate_app::Effects;
 use idemgate_core::ErrorCode;
 use idemgate_core::contract::Contract;
-use idemgate_core::effect::Downstream;
+use idemgate_core::effect::{Authorizer, Downstream};
 use idemgate_sandbox::{Fault, Jobs, Sandbox, Sandboxes};
 use serde_json::{Map, Value, json};
 
@@ -31,9 +32,9 @@ pub struct FakeDownstreams {
 
 impl FakeDownstreams {
     /// A fake per contract, with the contract's declared deduplication and receipt lookup.
-    pub fn for_contracts(contracts: &[Arc<Contract>]) -> FakeDownstreams {
+    pub fn for_contracts<'a>(contracts: impl IntoIterator<Item = &'a Contract>) -> FakeDownstreams {
         FakeDownstreams {
-            fakes: Sandboxes::for_contracts(contracts.iter().map(Arc::as_ref), Jobs::Scripted),
+            fakes: Sandboxes::for_contracts(contracts, Jobs::Scripted),
         }
     }
 
@@ -91,6 +92,18 @@ impl FakeDownstreams {
             other => return Err(format!("unknown action `{other}`")),
         }
         Ok(idemgate_sandbox::stats(name, fake))
+    }
+}
+
+/// The fakes as the tools' effects (`ToolSet::build(contracts, &fakes)`): each contract's
+/// fake, no authorization hooks.
+impl Effects for FakeDownstreams {
+    fn downstream(&self, contract: &Contract) -> Result<Arc<dyn Downstream>, String> {
+        FakeDownstreams::downstream(self, &contract.name)
+            .ok_or_else(|| "no fake downstream".to_string())
+    }
+    fn authorizer(&self, _contract: &Contract) -> Result<Option<Arc<dyn Authorizer>>, String> {
+        Ok(None)
     }
 }
 

@@ -4,9 +4,9 @@
 //! Reading order:
 //!
 //! - [`Gateway`] — what this face needs from whoever runs the executor: the contracts,
-//!   `invoke` one delivery, `status` of an operation for the caller's tenant. [`LocalGateway`]
-//!   implements it over an in-process `Executor`; the HTTP gateway implements it over its own
-//!   state.
+//!   `invoke` one delivery, `status` of an operation for the caller's tenant. The one
+//!   application assembly, [`idemgate_app::App`], implements it; the HTTP gateway implements it
+//!   over its own state (the same `App`, with API v1's bounds).
 //! - [`tools`] — the mapping as plain data: contract ⇒ tool name, description, schemas and
 //!   annotations; `_meta` ⇒ operation identity; outcome ⇒ result with one sentence for the model.
 //! - [`identity`] — keys for hosts that cannot send `_meta` (the `session_window` rule and
@@ -17,9 +17,10 @@
 //!   `idemgate mcp --fake-downstream`.
 //! - [`wrapped`] — `idemgate wrap`: a child MCP server's tools as it lists them, its other
 //!   requests passed through ([`wrapped::Passthrough`]).
-//! - [`assembly`] — store → tools and effects → executor → recoverer → stdio, one assembly
-//!   shared by `idemgate mcp` and `idemgate wrap`.
-//! - [`cli`] — `idemgate mcp`: flags, contract loading, the executor and recoverer, stdio.
+//! - [`assembly`] — the local faces over stdio (`idemgate mcp`, `idemgate wrap`): the one
+//!   local caller ([`assembly::Local`]) and [`assembly::serve_stdio`], which runs the app's
+//!   recoverer while it serves. Flags are the binary's (`crates/cli`); the app is assembled by
+//!   `idemgate_app`.
 //!
 //! The operation key is never the model's: the agent runtime names the operation in the call's
 //! `_meta` (`"io.idemgate/operation": {"workflow_id", "step_id"}`) — or, under the
@@ -28,7 +29,6 @@
 
 pub mod adapter;
 pub mod assembly;
-pub mod cli;
 pub mod fake;
 pub mod gateway;
 pub mod identity;
@@ -39,4 +39,4 @@ pub use adapter::{
     HttpOptions, McpHttpService, Options, serve_io, serve_stdio, streamable_http_service,
     streamable_http_service_with,
 };
-pub use gateway::{Gateway, LocalGateway};
+pub use gateway::Gateway;

@@ -8,18 +8,17 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::header::AUTHORIZATION;
-use idemgate_core::clock::SystemClock;
-use idemgate_core::effect::AllowAll;
-use idemgate_engine::{Caller, Executor, Settings};
+use idemgate_app::{App, Assembly, ToolSet};
+use idemgate_engine::Caller;
 use idemgate_mcp::fake::FakeDownstreams;
-use idemgate_mcp::{HttpOptions, LocalGateway, Options};
+use idemgate_mcp::{HttpOptions, Options};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
 struct World {
-    gateway: Arc<LocalGateway>,
+    gateway: Arc<App>,
     fakes: FakeDownstreams,
     _dir: tempfile::TempDir,
 }
@@ -27,23 +26,16 @@ struct World {
 fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contracts/*.yaml");
-    let contracts = idemgate_mcp::cli::load_contracts(&[root.to_string()]).unwrap();
+    let contracts =
+        idemgate_app::contracts::load(&[root.to_string()], std::path::Path::new("")).unwrap();
     let store =
         idemgate_store_sqlite::SqliteStore::open(dir.path().join("s.sqlite"), Default::default())
             .unwrap();
-    let executor = Executor::new(
-        Arc::new(store),
-        Arc::new(SystemClock),
-        Arc::new(AllowAll),
-        Settings::default(),
-    );
     let fakes = FakeDownstreams::for_contracts(&contracts);
-    let gateway = LocalGateway::new(executor, "test", contracts, |c| {
-        fakes.downstream(&c.name).ok_or_else(|| "no fake".into())
-    })
-    .unwrap();
+    let tools = ToolSet::build(contracts, &fakes).unwrap();
+    let app = Assembly::new(Arc::new(store), tools, "test").build();
     World {
-        gateway: Arc::new(gateway),
+        gateway: Arc::new(app),
         fakes,
         _dir: dir,
     }

@@ -10,13 +10,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_app::{App, Assembly, ToolSet};
 use idemgate_conformance::downstream::FakeDownstream;
 use idemgate_core::clock::ManualClock;
+use idemgate_core::contract::Contract;
 use idemgate_core::contract::Identity;
 use idemgate_core::duration::Span;
-use idemgate_core::effect::AllowAll;
-use idemgate_engine::{Caller, Executor, Settings};
-use idemgate_mcp::{Gateway, LocalGateway, Options};
+use idemgate_engine::Caller;
+use idemgate_mcp::{Gateway, Options};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -26,7 +27,7 @@ const TEN_MINUTES: Identity = Identity::SessionWindow(Span(600));
 const T0: i64 = 1_796_119_200_000;
 
 struct World {
-    gateway: Arc<LocalGateway>,
+    gateway: Arc<App>,
     fakes: BTreeMap<String, FakeDownstream>,
     clock: Arc<ManualClock>,
     _dir: tempfile::TempDir,
@@ -35,17 +36,12 @@ struct World {
 fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contracts/*.yaml");
-    let contracts = idemgate_mcp::cli::load_contracts(&[root.to_string()]).unwrap();
+    let contracts =
+        idemgate_app::contracts::load(&[root.to_string()], std::path::Path::new("")).unwrap();
     let store =
         idemgate_store_sqlite::SqliteStore::open(dir.path().join("s.sqlite"), Default::default())
             .unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let executor = Executor::new(
-        Arc::new(store),
-        clock.clone(),
-        Arc::new(AllowAll),
-        Settings::default(),
-    );
     // The conformance fakes, for their gates: a test pauses a worker with its request arrived.
     let fakes: BTreeMap<String, FakeDownstream> = contracts
         .iter()
@@ -56,15 +52,18 @@ fn world() -> World {
             (c.name.clone(), fake)
         })
         .collect();
-    let gateway = LocalGateway::new(executor, "test", contracts, |c| {
+    let effects = |c: &Contract| {
         fakes
             .get(&c.name)
             .map(|f| Arc::new(f.clone()) as Arc<dyn idemgate_core::effect::Downstream>)
-            .ok_or_else(|| "no fake".into())
-    })
-    .unwrap();
+            .ok_or_else(|| "no fake".to_string())
+    };
+    let tools = ToolSet::build(contracts, &effects).unwrap();
+    let app = Assembly::new(Arc::new(store), tools, "test")
+        .clock(clock.clone())
+        .build();
     World {
-        gateway: Arc::new(gateway),
+        gateway: Arc::new(app),
         fakes,
         clock,
         _dir: dir,

@@ -23,8 +23,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::{Principal, Role};
 use crate::headers::{self, StepKey};
 use crate::state::AppState;
-use crate::tools::Tool;
 use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
+use idemgate_app::Tool;
 
 pub const TAG: &str = "idemgate";
 
@@ -398,7 +398,7 @@ async fn own_record(
     key: &str,
 ) -> Result<(OperationKey, Record), ApiError> {
     let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    if key.tenant() != principal.tenant || key.environment() != state.inner().environment {
+    if key.tenant() != principal.tenant || key.environment() != state.environment() {
         return Err(ApiError::not_found());
     }
     match state.executor().store().get(&key).await {
@@ -408,7 +408,7 @@ async fn own_record(
     }
 }
 
-fn loaded_tool<'a>(state: &'a AppState, record: &Record) -> Result<&'a Tool, ApiError> {
+fn loaded_tool(state: &AppState, record: &Record) -> Result<Tool, ApiError> {
     state.tools().get(&record.tool).ok_or_else(|| {
         ApiError::new(
             ErrorCode::Conflict,
@@ -529,8 +529,9 @@ pub async fn list_tools(
     let tools = state.tools();
     let tools = tools
         .names()
+        .iter()
         .filter_map(|n| tools.get(n))
-        .map(tool_view)
+        .map(|t| tool_view(&t))
         .collect();
     Ok(axum::Json(ToolList { tools }))
 }
@@ -555,7 +556,7 @@ pub async fn get_tool(
 ) -> Result<axum::Json<ToolView>, ApiError> {
     authenticate(&state, &headers)?;
     match state.tools().get(&tool) {
-        Some(t) => Ok(axum::Json(tool_view(t))),
+        Some(t) => Ok(axum::Json(tool_view(&t))),
         None => Err(unknown_tool(&tool)),
     }
 }
@@ -593,7 +594,7 @@ pub async fn invoke(
     body: Body,
 ) -> Result<Answer, ApiError> {
     let principal = authenticate(&state, &headers)?;
-    let Some(tool) = state.tools().get(&tool).cloned() else {
+    let Some(tool) = state.tools().get(&tool) else {
         return Err(unknown_tool(&tool));
     };
     let limits = state.inner().limits;
@@ -629,7 +630,7 @@ pub async fn invoke(
     };
     let operation = Operation {
         caller: caller_of(&principal),
-        environment: state.inner().environment.clone(),
+        environment: state.environment().to_string(),
         workflow_id: step.as_ref().map(|s| s.workflow_id.clone()),
         step_id: step.map(|s| s.step_id),
     };
@@ -712,9 +713,9 @@ pub async fn get_operation(
     // A stored result is handed out like a replay: the reader is rechecked first.
     let (record, outcome) = match executor
         .status(
-            tool.map(|t| t.contract.as_ref()),
+            tool.as_ref().map(|t| t.contract.as_ref()),
             &key,
-            tool.map(|t| t.downstream.as_ref()),
+            tool.as_ref().map(|t| t.downstream.as_ref()),
             &caller_of(&principal),
         )
         .await

@@ -7,9 +7,9 @@
 //!   development defaults.
 //! - [`auth::Tokens`] — bearer tokens by SHA-256, compared in constant time, each mapping to a
 //!   tenant, a holder and a [`auth::Role`].
-//! - [`tools::ToolSet`] — the loaded contracts, each with its `Downstream` and authorization
-//!   hook from an [`tools::Effects`] factory; [`sandbox`] is the in-process one.
-//! - [`state::Gateway`] builds the [`state::AppState`]: the executor over a metered store.
+//! - [`state::Gateway`] builds the [`state::AppState`]: the one application assembly
+//!   ([`idemgate_app::App`]: the tools, the executor over a metered store, the recoverer) and
+//!   what only this face needs beside it.
 //! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
 //! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
 //!   RFC 9457 problems; [`problems`] — one entry per error code, written once: the page each
@@ -22,7 +22,8 @@
 //!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
 //!   server loop, which takes its shutdown as a parameter.
-//! - [`serve`] — `idemgate serve`: configuration, store, recoverer, signals.
+//! - [`serve`] — `idemgate serve`: configuration → contracts → tools → store → the assembly,
+//!   the recoverer, signals.
 //!
 //! **Only this crate knows HTTP shapes.** Every effect still passes through the executor.
 
@@ -36,10 +37,8 @@ pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod problems;
-pub mod sandbox;
 pub mod serve;
 pub mod state;
-pub mod tools;
 pub mod webhooks;
 pub mod wire;
 
@@ -51,7 +50,7 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use serve::{ServeArgs, serve};
+pub use serve::{ServeOptions, serve};
 pub use state::{AppState, Gateway};
 
 /// The API's routes and the OpenAPI document generated from them.

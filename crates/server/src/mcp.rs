@@ -9,35 +9,36 @@
 //! One operation has two faces: a step called through `/mcp` and then through the HTTP API
 //! (same tenant, workflow and step) is one operation key, replayed by the second face.
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::request::Parts;
-use idemgate_core::contract::Contract;
+use idemgate_app::ToolSet;
+use idemgate_core::contract::{Contract, Identity};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
 use idemgate_core::record::{Millis, Record};
 use idemgate_core::store::BoxFuture;
-use idemgate_engine::{Caller, Operation, StatusRead};
+use idemgate_engine::Caller;
 use idemgate_mcp::Gateway as McpGateway;
-use idemgate_mcp::cli::McpArgs;
 use idemgate_mcp::fake::FakeDownstreams;
 use serde_json::Value;
 
 use crate::auth::Tokens;
 use crate::config::Config;
-use crate::sandbox::SandboxEffects;
 use crate::serve::{self, Error};
 use crate::state::AppState;
-use crate::tools::ToolSet;
 
+/// The app's own MCP gateway ([`idemgate_app::App`]), with API v1's bounds on the operation's
+/// parts and its listing by name.
 impl McpGateway for AppState {
     fn tools(&self) -> Vec<Arc<Contract>> {
         let tools = AppState::tools(self);
         tools
             .names()
+            .iter()
             .filter_map(|name| tools.get(name))
-            .map(|tool| tool.contract.clone())
+            .map(|tool| tool.contract)
             .collect()
     }
 
@@ -50,37 +51,19 @@ impl McpGateway for AppState {
         arguments: Value,
     ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let Some(tool) = AppState::tools(self).get(tool) else {
-                return Outcome::rejected(
-                    None,
-                    ErrorCode::UnknownTool,
-                    format!("no tool `{tool}` is served here"),
-                );
-            };
-            // The same bounds on the operation's parts as API v1.
-            let max = self.inner().limits.key_part_bytes;
-            for (name, part) in [("workflow_id", &workflow_id), ("step_id", &step_id)] {
-                if let Some(part) = part
-                    && let Err(message) = crate::headers::check_part(name, part, max)
-                {
-                    return Outcome::rejected(None, ErrorCode::InvalidOperationKey, message);
+            if AppState::tools(self).get(tool).is_some() {
+                // The same bounds on the operation's parts as API v1.
+                let max = self.inner().limits.key_part_bytes;
+                for (name, part) in [("workflow_id", &workflow_id), ("step_id", &step_id)] {
+                    if let Some(part) = part
+                        && let Err(message) = crate::headers::check_part(name, part, max)
+                    {
+                        return Outcome::rejected(None, ErrorCode::InvalidOperationKey, message);
+                    }
                 }
             }
-            let operation = Operation {
-                caller,
-                environment: self.environment().to_string(),
-                workflow_id,
-                step_id,
-            };
-            // Detached: a host that cancels the call (or closes the stream) stops waiting; the
-            // claimed execution runs to a settled state on its own task.
-            self.executor()
-                .execute_detached(
-                    tool.contract.clone(),
-                    operation,
-                    Arc::new(arguments),
-                    tool.downstream.clone(),
-                )
+            self.app()
+                .invoke(caller, tool, workflow_id, step_id, arguments)
                 .await
         })
     }
@@ -105,45 +88,9 @@ impl McpGateway for AppState {
         caller: &'a Caller,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Option<Outcome>> {
-        Box::pin(async move {
-            // As `GET /v1/operations/{key}`: another tenant's or another environment's key is
-            // not found, exactly as a missing one.
-            if key.tenant() != caller.tenant || key.environment() != self.environment() {
-                return None;
-            }
-            let store_down = |e: &dyn std::fmt::Display| {
-                tracing::warn!(operation_key = key.as_str(), error = %e, "status read failed");
-                Some(Outcome::rejected(
-                    Some(key.clone()),
-                    ErrorCode::StoreUnavailable,
-                    "the operation store could not be read",
-                ))
-            };
-            let record = match self.executor().store().get(key).await {
-                Ok(Some(record)) => record,
-                Ok(None) => return None,
-                Err(e) => return store_down(&e),
-            };
-            // With the record's tool, reading the status polls an accepted job.
-            let tool = AppState::tools(self).get(&record.tool);
-            // The stored result is handed out like a replay: the caller is rechecked first.
-            match self
-                .executor()
-                .status(
-                    tool.map(|t| t.contract.as_ref()),
-                    key,
-                    tool.map(|t| t.downstream.as_ref()),
-                    caller,
-                )
-                .await
-            {
-                Ok(Some(StatusRead::Found { outcome, .. } | StatusRead::Denied(outcome))) => {
-                    Some(outcome)
-                }
-                Ok(None) => None,
-                Err(e) => store_down(&e),
-            }
-        })
+        // As `GET /v1/operations/{key}`: another tenant's or another environment's key is not
+        // found, exactly as a missing one.
+        Box::pin(self.app().status(caller, key))
     }
 }
 
@@ -198,6 +145,20 @@ pub enum StdioError {
     Mcp(#[from] idemgate_mcp::adapter::Error),
 }
 
+/// What `idemgate mcp --config` is told: the file, and the flags that still apply to it.
+#[derive(Debug, Clone)]
+pub struct StdioOptions {
+    /// The gateway's configuration file (TOML, as for `idemgate serve --config`).
+    pub config: PathBuf,
+    /// One of the configuration's tenants.
+    pub tenant: String,
+    pub actor: String,
+    /// Every downstream an in-process fake, read and scripted through the hidden control tool.
+    pub fake_downstream: bool,
+    /// Overrides the file's `[mcp] identity`.
+    pub identity: Option<Identity>,
+}
+
 /// What `idemgate mcp --config` serves: the gateway's state from the configuration, the
 /// caller (the configured tenant, `--actor`, role `agent`), and with `--fake-downstream` the
 /// fakes that replaced every downstream.
@@ -209,11 +170,8 @@ pub struct Stdio {
 }
 
 /// Reads `--config` with the gateway's loader and assembles the state, as `serve` does.
-pub async fn stdio_gateway(args: &McpArgs) -> Result<Stdio, StdioError> {
-    let path = args
-        .config
-        .as_ref()
-        .ok_or_else(|| StdioError::Usage("idemgate mcp: no --config file".into()))?;
+pub async fn stdio_gateway(args: &StdioOptions) -> Result<Stdio, StdioError> {
+    let path = &args.config;
     let loaded = Config::load(path).map_err(Error::from)?;
     serve::check_supported(&loaded.config)?;
     let config = &loaded.config;
@@ -237,21 +195,15 @@ pub async fn stdio_gateway(args: &McpArgs) -> Result<Stdio, StdioError> {
     let (tools, fakes) = if args.fake_downstream {
         // Every downstream becomes an in-process fake that counts its own effects, read and
         // scripted through the hidden control tool; no authorization hooks.
-        let tools = ToolSet::build(contracts, &SandboxEffects).map_err(Error::Contracts)?;
-        let arcs: Vec<Arc<Contract>> = tools
-            .names()
-            .filter_map(|n| tools.get(n))
-            .map(|t| t.contract.clone())
-            .collect();
-        let fakes = FakeDownstreams::for_contracts(&arcs);
-        let tools =
-            tools.map_downstreams(|name, sandbox| fakes.downstream(name).unwrap_or(sandbox));
-        (tools, Some(fakes))
+        let fakes = FakeDownstreams::for_contracts(&contracts);
+        (ToolSet::build(contracts, &fakes), Some(fakes))
     } else {
-        let effects = serve::effects(config);
-        let tools = ToolSet::build(contracts, effects.as_ref()).map_err(Error::Contracts)?;
-        (tools, None)
+        (
+            ToolSet::build(contracts, serve::effects(config).as_ref()),
+            None,
+        )
     };
+    let tools = tools.map_err(|e| Error::Contracts(e.to_string()))?;
     // A local agent holds no token: the tenant is the configuration's, by name.
     let state = serve::assemble(config, tools, Tokens::default()).await?;
     check(&state).map_err(Error::Contracts)?;
@@ -270,7 +222,7 @@ pub async fn stdio_gateway(args: &McpArgs) -> Result<Stdio, StdioError> {
 
 /// Runs `idemgate mcp --config FILE` over stdio until the client closes stdin, or Ctrl-C /
 /// SIGTERM; the recoverer and the retention sweeper run meanwhile, as in `serve`.
-pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
+pub async fn stdio(args: StdioOptions) -> Result<(), StdioError> {
     let Stdio {
         state,
         caller,
@@ -284,16 +236,9 @@ pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
         fake_downstream = fakes.is_some(),
         "serving MCP over stdio"
     );
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let recovering = tokio::spawn(state.recoverer().run(
-        Duration::from_secs(config.recovery.interval_seconds),
-        Duration::from_secs(config.recovery.sweep_interval_seconds),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
-    let served = idemgate_mcp::serve_stdio(
+    let app = state.app().clone();
+    let served = idemgate_mcp::assembly::serve_stdio(
+        &app,
         Arc::new(state),
         caller,
         idemgate_mcp::Options {
@@ -304,7 +249,5 @@ pub async fn stdio(args: McpArgs) -> Result<(), StdioError> {
         serve::shutdown_signal(),
     )
     .await;
-    let _ = stop.send(true);
-    let _ = recovering.await;
     Ok(served?)
 }

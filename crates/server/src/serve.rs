@@ -7,29 +7,24 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_app::contracts;
+use idemgate_app::{Effects, GatewayStoreError, HttpEffects, Recovery, SandboxEffects, ToolSet};
 use idemgate_core::contract::Contract;
-use idemgate_core::store::Store;
 use idemgate_engine::Settings;
-use idemgate_engine::sealed::{SealedStore, Sealer};
 
 use crate::auth::{Principal, Role, Tokens, generate_token};
 use crate::config::{Config, Loaded};
-use crate::sandbox::SandboxEffects;
 use crate::state::{AppState, Gateway};
-use crate::tools::{self, Effects, HttpEffects, ToolSet};
 
-/// Flags of `idemgate serve`.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
+/// What `idemgate serve` is told (its flags, read by the binary).
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
     /// The configuration file (TOML). Without one: SQLite in the working directory, the
     /// example contracts, the sandbox downstream and development tokens printed at start.
-    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Listen on this address instead of the configured one (port 0 picks a free port).
-    #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 }
 
@@ -54,28 +49,18 @@ pub enum Error {
     Unsupported(String),
 }
 
-/// Opens a store from its URL: `sqlite://PATH` or `postgres://…`, sealing its audit entries
-/// with the key in `IDEMGATE_AUDIT_KEY` (unsigned, with a warning, when it is not set; a
-/// malformed key stops the start).
-pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let audit = idemgate_audit::sealer_from_env().map_err(|e| Error::Unsupported(e.to_string()))?;
-    match audit.public_key() {
-        Some(key) => tracing::info!(
-            public_key = idemgate_core::audit::hex(&key),
-            "audit log entries are signed"
-        ),
-        None => tracing::warn!(
-            "{} is not set: audit log entries are chained but unsigned, and `idemgate audit \
-             verify --public-key` will refuse them (see docs/operators.md, Audit log)",
-            idemgate_audit::KEY_VAR
-        ),
+/// A gateway store that could not be opened: a bad URL or store is `Store`, a bad audit or
+/// encryption key `Unsupported`.
+impl From<GatewayStoreError> for Error {
+    fn from(e: GatewayStoreError) -> Error {
+        match e {
+            GatewayStoreError::Open(e) => Error::Store {
+                url: e.url,
+                message: e.message,
+            },
+            other => Error::Unsupported(other.to_string()),
+        }
     }
-    idemgate_app::open_store(url, audit)
-        .await
-        .map_err(|e| Error::Store {
-            url: e.url,
-            message: e.message,
-        })
 }
 
 pub use idemgate_app::redact;
@@ -154,8 +139,7 @@ async fn reload_on_hangup(path: PathBuf, tokens: crate::auth::TokenSet) {
 /// the gateway refuses to start rather than store results unencrypted.
 pub fn check_supported(config: &Config) -> Result<(), Error> {
     if let Some(var) = &config.encryption_key_env {
-        Sealer::from_env(var)
-            .map_err(|e| Error::Unsupported(format!("encryption_key_env = {var:?}: {e}")))?;
+        idemgate_app::encryption_key(var)?;
     }
     Ok(())
 }
@@ -164,39 +148,47 @@ pub fn check_supported(config: &Config) -> Result<(), Error> {
 /// without contract files here, the embedded examples.
 pub fn contracts(loaded: &Loaded) -> Result<Vec<Contract>, Error> {
     let config = &loaded.config;
-    let files = tools::expand(&config.contracts, &loaded.base).map_err(Error::Contracts)?;
+    let files = contracts::files(&config.contracts, &loaded.base).map_err(|e| {
+        Error::Contracts(format!("contract pattern `{}`: {}", e.pattern, e.message))
+    })?;
     if files.is_empty() && loaded.development {
         eprintln!("idemgate: no contracts/*.yaml here; using the embedded example contracts");
-        tools::example_contracts().map_err(Error::Contracts)
+        contracts::examples().map_err(|e| Error::Contracts(e.to_string()))
     } else if files.is_empty() {
         Err(Error::Contracts(format!(
             "no contract file matches {:?}",
             config.contracts
         )))
     } else {
-        tools::load_files(&files).map_err(Error::Contracts)
+        contracts::load_files(&files).map_err(|e| {
+            Error::Contracts(match e {
+                contracts::Error::Read { path, source } => {
+                    format!("{path}: cannot be read: {source}")
+                }
+                other => other.to_string(),
+            })
+        })
     }
 }
 
 /// Opens the configured store and assembles the gateway over `tools` and `tokens`: what
 /// `idemgate serve` and `idemgate mcp --config` share.
 pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result<AppState, Error> {
-    let store = open_store(&config.store).await?;
-    // Stored requests and results are sealed at rest when a key is configured.
-    let store: Arc<dyn Store> = match &config.encryption_key_env {
-        Some(var) => {
-            let sealer = Sealer::from_env(var)
-                .map_err(|e| Error::Unsupported(format!("encryption_key_env = {var:?}: {e}")))?;
-            Arc::new(SealedStore::new(store, sealer))
-        }
-        None => store,
-    };
+    // Audit entries are signed with IDEMGATE_AUDIT_KEY (unsigned, with a warning, without it);
+    // stored requests and results are sealed at rest when a key is configured.
+    let store =
+        idemgate_app::open_gateway_store(&config.store, config.encryption_key_env.as_deref())
+            .await?;
     Ok(Gateway::new(store, tools, tokens)
         .environment(config.environment.clone())
         .limits(config.limits)
         .settings(Settings {
             settled_records: config.executor.settled_records,
             ..Settings::default()
+        })
+        .recovery(Recovery {
+            every: Duration::from_secs(config.recovery.interval_seconds),
+            sweep_every: Duration::from_secs(config.recovery.sweep_interval_seconds),
         })
         .mcp_allowed_hosts(config.mcp.hosts(config.listen))
         .mcp_identity(config.mcp.identity)
@@ -214,7 +206,7 @@ pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result
 }
 
 /// Runs `idemgate serve` until a shutdown signal, then drains.
-pub async fn serve(args: ServeArgs) -> Result<(), Error> {
+pub async fn serve(args: ServeOptions) -> Result<(), Error> {
     let mut loaded = match &args.config {
         Some(path) => Config::load(path)?,
         None => Loaded {
@@ -234,7 +226,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         development,
         ..
     } = loaded;
-    let tools = ToolSet::build(contracts, effects(&config).as_ref()).map_err(Error::Contracts)?;
+    let tools = ToolSet::build(contracts, effects(&config).as_ref())
+        .map_err(|e| Error::Contracts(e.to_string()))?;
 
     let mut tokens = Tokens::from_config(&config.tenants);
     let mut dev_tokens = Vec::new();
@@ -271,7 +264,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         "  environment {}, store {}, tools: {}",
         config.environment,
         redact(&config.store),
-        state.tools().names().collect::<Vec<_>>().join(", ")
+        state.tools().names().join(", ")
     );
     println!("  MCP (streamable HTTP, the same tokens): http://{addr}/mcp");
     if config.sandbox {
@@ -282,17 +275,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
     }
 
     // The recoverer and the sweeper stop when the server has drained.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let recovery = config.recovery;
-    let recoverer = state.recoverer().run(
-        Duration::from_secs(recovery.interval_seconds),
-        Duration::from_secs(recovery.sweep_interval_seconds),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    );
-    let background = tokio::spawn(recoverer);
+    let background = state.app().start_recoverer();
     #[cfg(unix)]
     let hangup = args
         .config
@@ -304,8 +287,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Error> {
         println!("idemgate: shutting down; finishing requests in flight");
     })
     .await;
-    let _ = stop.send(true);
-    let _ = background.await;
+    background.stop().await;
     #[cfg(unix)]
     if let Some(hangup) = hangup {
         hangup.abort();

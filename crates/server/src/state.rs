@@ -1,7 +1,9 @@
-//! The gateway's shared state and how it is assembled.
+//! The gateway's shared state: the one application assembly ([`idemgate_app::App`]) with what
+//! only the HTTP face needs beside it (tokens, sessions, limits, `/mcp`'s settings, webhooks).
 
 use std::sync::Arc;
 
+use idemgate_app::{App, Assembly, Recovery, ToolSet};
 use idemgate_core::clock::{Clock, SystemClock};
 use idemgate_core::store::Store;
 use idemgate_engine::{Executor, Recoverer, Settings};
@@ -10,7 +12,6 @@ use crate::auth::{Sessions, TokenSet, Tokens};
 use crate::config::Limits;
 use crate::metrics::{MeteredStore, OutcomeCounter, TimedDownstream};
 use crate::problems::ProblemBase;
-use crate::tools::{Dispatch, ToolSet};
 
 /// Everything a handler needs. Cheap to clone.
 #[derive(Clone)]
@@ -19,15 +20,13 @@ pub struct AppState {
 }
 
 pub(crate) struct Inner {
-    pub executor: Executor,
-    pub tools: Arc<ToolSet>,
+    pub app: App,
     /// The current tokens: `serve` replaces them on SIGHUP.
     pub tokens: TokenSet,
     /// The console's signed-in operators.
     pub sessions: Sessions,
     /// Whether the console's cookie is `Secure` (the gateway is reached over https).
     pub secure_cookies: bool,
-    pub environment: String,
     pub limits: Limits,
     /// Accepted `Host` values at `/mcp`.
     pub mcp_hosts: Vec<String>,
@@ -48,6 +47,7 @@ pub struct Gateway {
     environment: String,
     limits: Limits,
     settings: Settings,
+    recovery: Recovery,
     mcp_hosts: Vec<String>,
     mcp_identity: idemgate_core::contract::Identity,
     problem_base: Option<ProblemBase>,
@@ -66,6 +66,7 @@ impl Gateway {
             environment: "development".into(),
             limits: Limits::default(),
             settings: Settings::default(),
+            recovery: Recovery::default(),
             mcp_hosts: crate::config::McpConfig::default().hosts(
                 crate::config::DEFAULT_LISTEN
                     .parse()
@@ -112,6 +113,12 @@ impl Gateway {
         self
     }
 
+    /// The recoverer's intervals (`[recovery]`).
+    pub fn recovery(mut self, recovery: Recovery) -> Gateway {
+        self.recovery = recovery;
+        self
+    }
+
     /// The `Host` header values `/mcp` accepts (default: the loopback names). An empty list
     /// accepts any host.
     pub fn mcp_allowed_hosts(mut self, hosts: Vec<String>) -> Gateway {
@@ -134,34 +141,30 @@ impl Gateway {
         self
     }
 
-    /// Wraps the store and every downstream for metrics, and builds the executor whose
-    /// authorizer dispatches to each tool's hook.
     /// The webhook sources served at `POST /v1/webhooks/{source}`.
     pub fn webhooks(mut self, sources: crate::webhooks::Sources) -> Gateway {
         self.webhooks = sources;
         self
     }
 
+    /// Assembles the app with the store and every downstream wrapped for metrics.
     pub fn build(self) -> AppState {
         // Install the recorder before the first metric is touched.
         let _ = crate::metrics::handle();
-        let store: Arc<dyn Store> = Arc::new(MeteredStore::new(self.store));
-        let tools = Arc::new(self.tools.map_downstreams(TimedDownstream::wrap));
-        let executor = Executor::new(
-            store,
-            self.clock,
-            Arc::new(Dispatch::new(tools.clone())),
-            self.settings,
-        )
-        .with_observer(Arc::new(OutcomeCounter));
+        let app = Assembly::new(self.store, self.tools, self.environment)
+            .clock(self.clock)
+            .settings(self.settings)
+            .recovery(self.recovery)
+            .observer(Arc::new(OutcomeCounter))
+            .wrap_store(|store| Arc::new(MeteredStore::new(store)))
+            .map_downstreams(TimedDownstream::wrap)
+            .build();
         AppState {
             inner: Arc::new(Inner {
-                executor,
-                tools,
+                app,
                 tokens: TokenSet::new(self.tokens),
                 sessions: self.sessions,
                 secure_cookies: self.secure_cookies,
-                environment: self.environment,
                 limits: self.limits,
                 mcp_hosts: self.mcp_hosts,
                 mcp_identity: self.mcp_identity,
@@ -177,12 +180,17 @@ impl AppState {
         &self.inner
     }
 
+    /// The application assembly this gateway serves.
+    pub fn app(&self) -> &App {
+        &self.inner.app
+    }
+
     pub fn executor(&self) -> &Executor {
-        &self.inner.executor
+        self.inner.app.executor()
     }
 
     pub fn tools(&self) -> &Arc<ToolSet> {
-        &self.inner.tools
+        self.inner.app.tools()
     }
 
     /// The gateway's current tokens, replaceable while it runs (SIGHUP in `serve`).
@@ -192,15 +200,11 @@ impl AppState {
 
     /// The environment part of every operation key this gateway makes.
     pub fn environment(&self) -> &str {
-        &self.inner.environment
+        self.inner.app.environment()
     }
 
     /// The background recoverer over this gateway's executor and tools.
     pub fn recoverer(&self) -> Recoverer {
-        Recoverer::new(
-            self.inner.executor.clone(),
-            self.inner.tools.clone(),
-            self.inner.environment.clone(),
-        )
+        self.inner.app.recoverer()
     }
 }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use idemgate_app::{HttpEffects, ToolSet};
 use idemgate_conformance::downstream::FakeDownstream;
 use idemgate_conformance::http_fake::{FakeServer, HttpFault};
 use idemgate_core::contract::Contract;
 use idemgate_core::store::Store;
-use idemgate_server::tools::{HttpEffects, ToolSet};
 use idemgate_server::{AppState, Gateway};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;

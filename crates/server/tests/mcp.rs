@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use idemgate_core::store::Store;
-use idemgate_mcp::cli::McpArgs;
 use idemgate_server::Gateway;
-use idemgate_server::mcp::StdioError;
+use idemgate_server::mcp::{StdioError, StdioOptions};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
@@ -345,18 +344,13 @@ fn config_file(dir: &Path, tenants: &str) -> std::path::PathBuf {
 
 const TENANTS: &str = "[[tenants]]\nname = \"acme\"\n[[tenants]]\nname = \"globex\"\n";
 
-fn args(config: &Path, tenant: &str) -> McpArgs {
-    McpArgs {
-        config: Some(config.to_path_buf()),
-        store: "sqlite://unused.sqlite".into(),
-        contracts: vec!["unused/*.yaml".into()],
+fn args(config: &Path, tenant: &str) -> StdioOptions {
+    StdioOptions {
+        config: config.to_path_buf(),
         tenant: tenant.into(),
-        environment: "unused".into(),
         actor: "local-agent".into(),
         fake_downstream: true,
         identity: None,
-        recovery_interval: Duration::from_secs(2),
-        sweep_interval: Duration::from_secs(300),
     }
 }
 

@@ -485,7 +485,7 @@ async fn the_tools_are_listed_with_their_schemas_for_a_token_holder() {
     let tools = listed.json["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     // Every loaded tool (the examples and notes.append), ordered by name.
-    let contracts = idemgate_server::tools::example_contracts().unwrap();
+    let contracts = idemgate_app::contracts::examples().unwrap();
     let mut expected: Vec<&str> = contracts.iter().map(|c| c.name.as_str()).collect();
     expected.push("notes.append");
     expected.sort();

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use idemgate_app::{HttpEffects, ToolSet};
 use idemgate_conformance::downstream::FakeDownstream;
 use idemgate_conformance::gate::bounded;
 use idemgate_conformance::harness::EPOCH;
@@ -30,7 +31,6 @@ use idemgate_conformance::http_fake::{FakeServer, HttpFault, SeenRequest};
 use idemgate_core::clock::ManualClock;
 use idemgate_core::contract::Contract;
 use idemgate_core::store::Store;
-use idemgate_server::tools::{HttpEffects, ToolSet};
 use idemgate_server::{AppState, Gateway};
 use serde_json::{Value, json};
 

@@ -30,7 +30,7 @@ use super::{html, message};
 use crate::api::Segment;
 use crate::auth::Session;
 use crate::state::AppState;
-use crate::tools::Tool;
+use idemgate_app::Tool;
 
 /// The longest reason kept, in characters (as API v1's deny).
 pub const MAX_REASON: usize = 500;
@@ -234,9 +234,9 @@ async fn render(
     let (record, outcome) = match state
         .executor()
         .status(
-            tool.map(|t| t.contract.as_ref()),
+            tool.as_ref().map(|t| t.contract.as_ref()),
             key,
-            tool.map(|t| t.downstream.as_ref()),
+            tool.as_ref().map(|t| t.downstream.as_ref()),
             &caller_of(session),
         )
         .await
@@ -303,7 +303,7 @@ async fn render(
         ),
         RecordState::Unknown(_) => (None, None, None),
     };
-    let lookup = tool.is_some_and(|t| t.contract.receipt_lookup());
+    let lookup = tool.as_ref().is_some_and(|t| t.contract.receipt_lookup());
     let actions = match (&record.state, tool.is_some()) {
         (_, false) => Actions::default(),
         (RecordState::AwaitingApproval { .. }, true) => Actions {
@@ -482,7 +482,7 @@ pub async fn act(
         )
         .await;
     }
-    let Some(tool) = state.tools().get(&record.tool) else {
+    let Some(tool) = &state.tools().get(&record.tool) else {
         return refuse(
             StatusCode::CONFLICT,
             format!(

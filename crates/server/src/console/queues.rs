@@ -253,7 +253,7 @@ pub async fn page(
         }),
     };
     let tool = query.tool.unwrap_or_default().trim().to_string();
-    let tools: Vec<String> = state.tools().names().map(str::to_string).collect();
+    let tools: Vec<String> = state.tools().names();
     if !tool.is_empty() && !tools.contains(&tool) {
         notice = Some(format!(
             "No loaded tool is named {tool:?}; the list shows what the store holds under that name."

@@ -11,13 +11,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request};
+use idemgate_app::{Effects, ToolSet};
 use idemgate_conformance::downstream::FakeDownstream;
 use idemgate_conformance::harness::Switch;
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::{Authorizer, Downstream};
 use idemgate_server::auth::{Role, Tokens, hash_token};
 use idemgate_server::config::{TenantConfig, TokenConfig};
-use idemgate_server::tools::{Effects, ToolSet};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
@@ -101,7 +101,7 @@ impl Fakes {
 
     /// Every contract's tool, over a fake built to its declarations.
     pub fn tools(&mut self) -> ToolSet {
-        let mut contracts = idemgate_server::tools::example_contracts().unwrap();
+        let mut contracts = idemgate_app::contracts::examples().unwrap();
         contracts.push(Contract::load(NOTES, "notes.append.yaml").unwrap());
         for c in &contracts {
             let fake = FakeDownstream::new()

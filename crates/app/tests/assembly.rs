@@ -1,0 +1,171 @@
+//! The assembly end to end on an embedded SQLite file: contracts → tools → store → executor →
+//! recoverer, as every face puts it together. Effects are counted by the sandbox on its own
+//! side.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_app::{App, Assembly, Recovery, ToolSet, contracts};
+use idemgate_core::RecordStatus;
+use idemgate_core::clock::ManualClock;
+use idemgate_core::contract::Contract;
+use idemgate_core::effect::Downstream;
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::{ErrorCode, Status};
+use idemgate_engine::Caller;
+use idemgate_sandbox::{Jobs, Sandbox, Sandboxes};
+use serde_json::{Value, json};
+
+struct World {
+    app: App,
+    clock: Arc<ManualClock>,
+    sandboxes: Sandboxes,
+    _dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contracts/*.yaml");
+    let contracts = contracts::load(&[root.to_string()], Path::new("")).unwrap();
+    let sandboxes = Sandboxes::for_contracts(&contracts, Jobs::FirstPoll);
+    let effects = |c: &Contract| -> Result<Arc<dyn Downstream>, String> {
+        sandboxes
+            .downstream(&c.name)
+            .ok_or_else(|| "no sandbox".into())
+    };
+    let tools = ToolSet::build(contracts, &effects).unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.sqlite").display());
+    let store = idemgate_app::open_store(&url, idemgate_core::audit::Sealer::unsigned())
+        .await
+        .unwrap();
+    // 2026-12-01T10:00:00Z; the tests move it on where they need time to pass.
+    let clock = Arc::new(ManualClock::new(1_796_119_200_000));
+    let app = Assembly::new(store, tools, "test")
+        .clock(clock.clone())
+        .recovery(Recovery {
+            every: Duration::from_millis(100),
+            sweep_every: Duration::from_secs(60),
+        })
+        .build();
+    World {
+        app,
+        clock,
+        sandboxes,
+        _dir: dir,
+    }
+}
+
+fn caller(tenant: &str) -> Caller {
+    Caller {
+        tenant: tenant.into(),
+        actor: "agent-1".into(),
+        role: "agent".into(),
+    }
+}
+
+impl World {
+    fn sandbox(&self, tool: &str) -> &Sandbox {
+        self.sandboxes.get(tool).unwrap()
+    }
+
+    async fn call(&self, tenant: &str, tool: &str, workflow: &str, arguments: Value) -> Status {
+        self.app
+            .invoke(
+                caller(tenant),
+                tool,
+                Some(workflow.into()),
+                Some("s".into()),
+                arguments,
+            )
+            .await
+            .status
+    }
+}
+
+fn ticket() -> Value {
+    json!({"subject": "Refund", "body": "Order 42 arrived broken."})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_step_is_one_effect_and_its_status_is_its_tenants_only() {
+    let world = world().await;
+    let first = world
+        .call("acme", "tickets.create", "run_1", ticket())
+        .await;
+    let again = world
+        .call("acme", "tickets.create", "run_1", ticket())
+        .await;
+    assert_eq!((first, again), (Status::Applied, Status::Replayed));
+    let tickets = world.sandbox("tickets.create");
+    assert_eq!((tickets.effects(), tickets.calls()), (1, 1));
+
+    let key = OperationKey::parse("acme:test:run_1:s").unwrap();
+    let read = world.app.status(&caller("acme"), &key).await.unwrap();
+    assert_eq!(read.status, Status::Replayed, "{read:?}");
+    // Another tenant's key, or another environment's, is not found, exactly as a missing one.
+    assert!(world.app.status(&caller("globex"), &key).await.is_none());
+    let elsewhere = OperationKey::parse("acme:prod:run_1:s").unwrap();
+    assert!(
+        world
+            .app
+            .status(&caller("acme"), &elsewhere)
+            .await
+            .is_none()
+    );
+    assert_eq!(tickets.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_is_not_served_is_refused_before_anything_is_sent() {
+    let world = world().await;
+    let refused = world
+        .app
+        .invoke(
+            caller("acme"),
+            "tickets.delete",
+            Some("run_2".into()),
+            Some("s".into()),
+            ticket(),
+        )
+        .await;
+    assert_eq!(refused.status, Status::Rejected);
+    assert_eq!(
+        refused.error.as_ref().map(|e| e.code),
+        Some(ErrorCode::UnknownTool),
+        "{refused:?}"
+    );
+    let calls: u64 = world.sandboxes.iter().map(|(_, s)| s.calls()).sum();
+    assert_eq!(calls, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_started_recoverer_finishes_an_accepted_job_and_stops_when_asked() {
+    let world = world().await;
+    let background = world.app.start_recoverer();
+    let report =
+        json!({"report_type": "usage", "period_start": "2026-11-01", "period_end": "2026-11-30"});
+    let accepted = world
+        .call("acme", "reports.generate", "run_3", report)
+        .await;
+    assert_eq!(accepted, Status::InFlight);
+    // Nobody reads the status: only the recoverer polls the job, once its lease ran out, and
+    // settles the record.
+    assert_eq!(world.sandbox("reports.generate").polls(), 0);
+    world.clock.advance(10 * 60 * 1000);
+    let key = OperationKey::parse("acme:test:run_3:s").unwrap();
+    let store = world.app.executor().store().clone();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while store.get(&key).await.unwrap().unwrap().status() != RecordStatus::Applied {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the recoverer polled the job to its end");
+    let reports = world.sandbox("reports.generate");
+    assert_eq!(reports.effects(), 1);
+    assert!(reports.polls() >= 1);
+    tokio::time::timeout(Duration::from_secs(10), background.stop())
+        .await
+        .expect("the recoverer stops when asked");
+}
