@@ -8,7 +8,10 @@
 -- statement but the trace's read selects it.
 --
 -- Existing entries are carried over in the order they were appended (`id`); entries whose
--- record is gone (appended after a purge) were never read, and are not.
+-- record is gone (appended after a purge) were never read, and are not. Carrying them over
+-- writes a new version of every row that has a trace, in the migration's one transaction:
+-- on a large database, plan the upgrade for the time a full-table update takes there (and a
+-- VACUUM after it), with the gateways of the older build stopped.
 ALTER TABLE operations ADD COLUMN trace text NOT NULL DEFAULT '';
 UPDATE operations o SET trace = t.text
 FROM (
