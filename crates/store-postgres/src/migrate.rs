@@ -33,6 +33,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0007_trace_in_row",
         include_str!("../migrations/0007_trace_in_row.sql"),
     ),
+    (
+        "0008_listing_indexes_without_the_hot_statuses",
+        include_str!("../migrations/0008_listing_indexes_without_the_hot_statuses.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
