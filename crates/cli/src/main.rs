@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod arenas;
 mod audit;
 mod conformance;
 mod consume;
@@ -156,6 +157,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 const FAILURE: u8 = 2;
 
 fn main() -> ExitCode {
+    arenas::limit();
     let cli = Cli::parse();
     // `idemgate mcp` speaks JSON-RPC on stdout; its logs, like every command's, go to stderr.
     let (traces, lines) = logs(
