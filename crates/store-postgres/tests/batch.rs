@@ -33,6 +33,16 @@ fn one_in_flight() -> Options {
     }
 }
 
+/// The trace entries of every row, one per line of its `trace` column.
+async fn trace_entries(client: &tokio_postgres::Client) -> i64 {
+    count(
+        client,
+        "SELECT coalesce(sum(array_length(string_to_array(rtrim(trace, E'\\n'), E'\\n'), 1)), 0) \
+         FROM operations",
+    )
+    .await
+}
+
 async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
@@ -85,15 +95,7 @@ async fn concurrent_claims_insert_once_per_key() {
         KEYS as i64
     );
     // Only the winners' trace entries, two each, in the order given.
-    assert_eq!(
-        count(
-            &client,
-            "SELECT coalesce(sum(array_length(string_to_array(rtrim(trace, E'\\n'), E'\\n'), 1)), 0) \
-             FROM operations"
-        )
-        .await,
-        2 * KEYS as i64
-    );
+    assert_eq!(trace_entries(&client).await, 2 * KEYS as i64);
     for k in 0..KEYS {
         let trace = store
             .events(&key(&format!("acme:prod:wf:s{k}")))
@@ -338,15 +340,7 @@ async fn a_bad_row_fails_alone() {
     assert_eq!(after.1 - before.1, 8, "carrying all eight claims");
     let client = admin(db.url()).await;
     assert_eq!(count(&client, "SELECT count(*) FROM operations").await, 8);
-    assert_eq!(
-        count(
-            &client,
-            "SELECT coalesce(sum(array_length(string_to_array(rtrim(trace, E'\\n'), E'\\n'), 1)), 0) \
-             FROM operations"
-        )
-        .await,
-        7
-    );
+    assert_eq!(trace_entries(&client).await, 7);
     assert!(store.get(&key("acme:prod:wf:s3")).await.unwrap().is_none());
 
     // The same for transitions: one bad row in a batch of steps.
