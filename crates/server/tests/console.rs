@@ -313,6 +313,14 @@ async fn removing_a_token_ends_its_sessions() {
     let r = route(&e.app, get("/console", &me.cookie)).await;
     assert_eq!(r.status, 303);
     assert_eq!(r.header("location"), Some("/console/sign-in?ended=revoked"));
+    // The cookie is kept, so that the next page opened with it (the queue page's script
+    // navigates on its own when its counts are refused) still says why the session ended.
+    assert_eq!(r.header("set-cookie"), None);
+    let again = route(&e.app, get("/console?queue=approval", &me.cookie)).await;
+    assert_eq!(
+        again.header("location"),
+        Some("/console/sign-in?ended=revoked")
+    );
     let r = route(
         &e.app,
         form(

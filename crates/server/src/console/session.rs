@@ -72,8 +72,12 @@ pub(crate) fn to_sign_in(end: SessionEnd) -> Response {
         SessionEnd::Revoked => "?ended=revoked",
     };
     let mut r = see_other(&format!("/console/sign-in{why}"));
-    // A dead session's cookie is of no use: drop it.
-    if end != SessionEnd::Unknown {
+    // An expired session is gone from the server: its cookie is of no use, drop it. A revoked
+    // one stays marked until it would have expired, and its cookie is kept, so that every page
+    // the browser opens with it says why it ended — the queue page's script, whose counts
+    // request found the session revoked, navigates on its own, and clearing the cookie then
+    // left the operator's next page a bare sign-in without the reason.
+    if end == SessionEnd::Expired {
         r.headers_mut()
             .insert(header::SET_COOKIE, HeaderValue::from_static(CLEARED));
     }
