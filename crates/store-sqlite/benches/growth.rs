@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use idemgate_conformance::growth::{self, ms};
 use idemgate_core::clock::{Clock, SystemClock};
-use idemgate_core::record::Event;
 use idemgate_core::store::Store;
+use idemgate_core::trace;
 use idemgate_store_sqlite::{Options, SWEEP_BATCH, SqliteStore, Synchronous};
 use rusqlite::{Connection, params};
 
@@ -74,16 +74,6 @@ const INSERT: &str = "INSERT INTO operations (tenant, key, tool, tool_version, f
     updated_at, expires_at, purge_at, intent_window, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
     ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
 
-/// The store's trace encoding: one `[kind, at, attempt, worker, detail]` array per line.
-fn trace(events: &[Event]) -> String {
-    events
-        .iter()
-        .map(|e| {
-            serde_json::to_string(&(e.kind, e.at, e.attempt, &e.worker, &e.detail)).unwrap() + "\n"
-        })
-        .collect()
-}
-
 fn load(path: &Path, n: u64, now: i64) {
     // The store creates the file and its schema, then closes it.
     drop(
@@ -133,7 +123,7 @@ fn load(path: &Path, n: u64, now: i64) {
                     r.expires_at,
                     r.purge_at,
                     r.intent_window,
-                    trace(&events),
+                    trace::encode(&events),
                 ])
                 .expect("a row inserts");
         }
