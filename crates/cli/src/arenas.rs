@@ -10,6 +10,10 @@
 //! 81 MB RSS with glibc's default against 66 MB with two arenas after ~190k effects
 //! (BENCHMARKS.md, "The default gateway's memory").
 //!
+//! Since then the Rust side allocates with mimalloc (the binary's global allocator, `main.rs`);
+//! glibc's malloc still serves the C code linked in — SQLite's page caches and statements
+//! above all — from the same threads, so the bound still applies to it.
+//!
 //! An operator's own `MALLOC_ARENA_MAX` wins: glibc has read it before `main`, and it is left
 //! alone. Other allocators and other C libraries are not touched.
 

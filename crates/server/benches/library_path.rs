@@ -31,6 +31,10 @@ use idemgate_sandbox::{Jobs, Sandbox};
 use idemgate_store_sqlite::SqliteStore;
 use serde_json::{Value, json};
 
+/// The allocator the `idemgate` binary uses (`crates/cli/src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     store: String,
     contract: String,

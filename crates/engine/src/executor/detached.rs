@@ -49,13 +49,15 @@ impl Executor {
     ) -> Outcome {
         let executor = self.clone();
         // The caller's span (the gateway's request) goes with the task, so its log lines
-        // name the request.
+        // name the request. Boxed: the delivery's state machine is kilobytes, and a task holds
+        // its future inline, so spawning it unboxed copied all of it several times per call
+        // (into the task, and the task's stage again on completion).
         let task = tokio::spawn(
-            async move {
+            Box::pin(async move {
                 executor
                     .execute(&contract, &operation, &arguments, effect.as_ref())
                     .await
-            }
+            })
             .in_current_span(),
         );
         task.await.unwrap_or_else(|e| {
@@ -115,7 +117,7 @@ impl Executor {
         let executor = self.clone();
         let shown = key.clone();
         let task = tokio::spawn(
-            async move {
+            Box::pin(async move {
                 executor
                     .approve(
                         &contract,
@@ -126,7 +128,7 @@ impl Executor {
                         effect.as_ref(),
                     )
                     .await
-            }
+            })
             .in_current_span(),
         );
         task.await.unwrap_or_else(|e| {
