@@ -37,6 +37,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0008_listing_indexes_without_the_hot_statuses",
         include_str!("../migrations/0008_listing_indexes_without_the_hot_statuses.sql"),
     ),
+    (
+        "0009_no_cross_tenant_or_tool_index",
+        include_str!("../migrations/0009_no_cross_tenant_or_tool_index.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -8,8 +8,9 @@
 //! A generic plan is made on the statistics of the moment and kept; on an empty table every
 //! plan costs nothing, so the cached plan may be any plan the statement allows. The hot
 //! statements are therefore written so that every plan they allow is a lookup by key: the
-//! read's and the claim's only usable indexes are the primary key and `operations_by_key`
-//! (migration 0002 makes the others partial, with predicates only other statements imply);
+//! read's and the claim's only usable index is the primary key (migration 0002 makes the
+//! others partial, with predicates only other statements imply, and 0009 drops the one by key
+//! alone);
 //! sequential scans are off on the store's connections; the batch statements look each row up
 //! by its own parameters (a lateral subquery, or one `UPDATE` per row) instead of joining the
 //! input with the table, which the planner could hash against a scan of every row. The `plans`

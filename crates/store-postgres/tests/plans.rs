@@ -170,7 +170,9 @@ async fn scans_by_environment_read_their_partial_indexes() {
         .await
         .unwrap();
     let list_pending = statements::list(true, true, true, false, false);
-    let cases: [(&str, &str, &[&str], &[&str]); 7] = [
+    let list_tool = statements::list(true, true, false, true, false);
+    let list_queue_tool = statements::list(true, true, true, true, false);
+    let cases: [(&str, &str, &[&str], &[&str]); 9] = [
         (
             "DUE",
             statements::DUE,
@@ -222,7 +224,21 @@ async fn scans_by_environment_read_their_partial_indexes() {
             "listing applied records by environment",
             &list_pending,
             &["'acme'", "'prod'", "'applied'", "100"],
-            &["operations_pkey|operations_by_key"],
+            &["operations_pkey"],
+        ),
+        // No index by tool (migration 0009): the tenant's primary-key range, in key order.
+        (
+            "listing one tool by environment",
+            &list_tool,
+            &["'acme'", "'prod'", "'tickets.create'", "100"],
+            &["operations_pkey"],
+        ),
+        // With a status of the queue, its few rows.
+        (
+            "listing the queue of one tool by environment",
+            &list_queue_tool,
+            &["'acme'", "'prod'", "'unknown'", "'tickets.create'", "100"],
+            &["operations_by_tenant_status"],
         ),
     ];
     for (name, sql, args, indexes) in cases {
@@ -240,6 +256,62 @@ async fn scans_by_environment_read_their_partial_indexes() {
                 plan.contains("split_part(key, ':'::text, 2) = 'prod'::text"),
                 "{name} is not bounded by its environment\n{plan}"
             );
+        }
+    }
+}
+
+/// What a unique call writes besides its two heap tuples is one entry per index that holds its
+/// pending row and one per index that holds its applied row. This pins the indexes of
+/// `operations`, so that one more on the hot path is a decision, with its measurement, rather
+/// than a side effect: the pending row is in the primary key and `operations_due`, the applied
+/// row in the primary key and `operations_expiring` (every other index is partial, with a
+/// predicate neither row meets: migrations 0003, 0004, 0006, 0008), and nothing is indexed
+/// across tenants or by tool (0009).
+#[tokio::test]
+async fn the_indexes_a_unique_call_writes() {
+    let db = database!();
+    drop(db.store().await);
+    let client = admin(db.url()).await;
+    let rows = client
+        .query(
+            "SELECT indexname, indexdef FROM pg_indexes
+             WHERE schemaname = current_schema() AND tablename = 'operations'
+             ORDER BY indexname",
+            &[],
+        )
+        .await
+        .unwrap();
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        names,
+        [
+            "operations_by_job",
+            "operations_by_status",
+            "operations_by_tenant_status",
+            "operations_due",
+            "operations_expiring",
+            "operations_fingerprint",
+            "operations_pkey",
+            "operations_purgeable",
+        ],
+        "the indexes of operations changed"
+    );
+    // Every index but the primary key is partial; of the statuses on a unique call's path,
+    // `operations_due` admits the pending row and `operations_expiring` the applied one.
+    for row in &rows {
+        let (name, def): (String, String) = (row.get(0), row.get(1));
+        let predicate = def.split(" WHERE ").nth(1).unwrap_or("");
+        match name.as_str() {
+            "operations_pkey" => assert!(predicate.is_empty(), "{def}"),
+            "operations_due" => assert!(
+                predicate.contains("ARRAY['pending'::text, 'awaiting_approval'::text]"),
+                "{def}"
+            ),
+            "operations_expiring" => assert!(
+                predicate.contains("ARRAY['applied'::text, 'failed_permanent'::text]"),
+                "{def}"
+            ),
+            _ => assert!(!predicate.is_empty(), "{name} is not partial: {def}"),
         }
     }
 }
