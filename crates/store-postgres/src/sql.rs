@@ -202,8 +202,9 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), and its expected
 /// dispatch marker `$24`. Returns the position of each transition that applied,
 /// then its row. Positions past the arrays' length read NULL and match no row, so a batch may
-/// be sent with a statement for more rows than it has (the batcher rounds up to a power of
-/// two, so that a connection prepares a handful of these, not one per size).
+/// be sent with a statement for more rows than it has (the batcher rounds a batch of more than
+/// eight rows up to a power of two, so that a connection prepares a handful of these, not one
+/// per size).
 ///
 /// Each row is its own `UPDATE` in its own CTE, the single [`TRANSITION`] with array elements
 /// for parameters: a lookup by key, fenced and re-checked on the newest row version after a

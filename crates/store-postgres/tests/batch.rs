@@ -408,6 +408,90 @@ async fn a_bad_row_fails_alone() {
     ));
 }
 
+/// A transition batch goes as a statement of exactly its rows up to eight, and above that as
+/// one rounded up to a power of two whose positions past the rows match nothing: at every size
+/// each row is updated once, by its own expectation, and no other record is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transition_batches_of_every_size_update_their_rows_only() {
+    let db = database!();
+    let store = Arc::new(db.store_with(one_in_flight()).await);
+    let client = admin(db.url()).await;
+    let mut blocker = admin(db.url()).await;
+    // A record no batch names, which must keep its state throughout.
+    let bystander = claimed("acme:prod:wf:bystander", "w1", T0);
+    store.claim(bystander.clone(), vec![]).await.unwrap();
+    let bystander = store.get(&bystander.key).await.unwrap().unwrap();
+    for size in [2usize, 3, 5, 8, 9, 13] {
+        let held_rec = claimed(&format!("acme:prod:wf:held{size}"), "w1", T0);
+        store.claim(held_rec.clone(), vec![]).await.unwrap();
+        let mut records = Vec::new();
+        for k in 0..size {
+            let rec = claimed(&format!("acme:prod:wf:n{size}-{k:02}"), "w1", T0);
+            store.claim(rec.clone(), vec![]).await.unwrap();
+            records.push(rec);
+        }
+        // Occupy the one batch slot with a transition waiting on a row lock, so that the
+        // others queue and leave together.
+        let tx = blocker.transaction().await.unwrap();
+        tx.execute(
+            "SELECT 1 FROM operations WHERE key = $1 FOR UPDATE",
+            &[&held_rec.key.as_str()],
+        )
+        .await
+        .unwrap();
+        let held = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let t = step(&held_rec, applied("T-held"), T0 + 1, vec![]);
+                store.transition(t).await
+            })
+        };
+        wait_for_lock_waiters(db.url(), 1).await;
+        let mut tasks = Vec::new();
+        for (k, rec) in records.iter().enumerate() {
+            let (store, rec) = (store.clone(), rec.clone());
+            tasks.push(tokio::spawn(async move {
+                let ev = event(EventKind::Committed, T0 + 2, 1, "w1");
+                let t = step(&rec, applied(&format!("T-{size}-{k}")), T0 + 2, vec![ev]);
+                (k, store.transition(t).await)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = store.batch_stats();
+        tx.rollback().await.unwrap();
+        assert!(matches!(held.await.unwrap().unwrap(), Cas::Done(_)));
+        for t in tasks {
+            let (k, answer) = t.await.unwrap();
+            let Ok(Cas::Done(r)) = answer else {
+                panic!("batch of {size}, row {k}: {answer:?}")
+            };
+            assert_eq!(
+                r.status(),
+                RecordStatus::Applied,
+                "batch of {size}, row {k}"
+            );
+            assert_eq!(store.get(&r.key).await.unwrap(), Some(r), "batch of {size}");
+        }
+        let after = store.batch_stats();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1, size as u64),
+            "one statement carrying the batch of {size}"
+        );
+        let settled = count(
+            &client,
+            &format!("SELECT count(*) FROM operations WHERE key LIKE 'acme:prod:wf:n{size}-%' AND status = 'applied' AND effect_reference LIKE 'T-{size}-%'"),
+        )
+        .await;
+        assert_eq!(settled, size as i64, "batch of {size}");
+        assert_eq!(
+            store.get(&bystander.key).await.unwrap(),
+            Some(bystander.clone()),
+            "a record outside the batch of {size} changed"
+        );
+    }
+}
+
 /// Without batching, nothing is batched (the option turns it off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batching_can_be_turned_off() {
