@@ -432,13 +432,7 @@ async fn transition_batches_of_every_size_update_their_rows_only() {
         }
         // Occupy the one batch slot with a transition waiting on a row lock, so that the
         // others queue and leave together.
-        let tx = blocker.transaction().await.unwrap();
-        tx.execute(
-            "SELECT 1 FROM operations WHERE key = $1 FOR UPDATE",
-            &[&held_rec.key.as_str()],
-        )
-        .await
-        .unwrap();
+        let tx = lock_row(&mut blocker, held_rec.key.as_str()).await;
         let held = {
             let store = store.clone();
             tokio::spawn(async move {

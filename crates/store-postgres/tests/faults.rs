@@ -69,13 +69,7 @@ async fn a_cancelled_write_is_unavailable() {
     store.claim(rec.clone(), vec![]).await.unwrap();
 
     let mut blocker = admin(db.url()).await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "SELECT 1 FROM operations WHERE key = $1 FOR UPDATE",
-        &[&rec.key.as_str()],
-    )
-    .await
-    .unwrap();
+    let tx = lock_row(&mut blocker, rec.key.as_str()).await;
 
     let started = Instant::now();
     let t = step(
@@ -107,13 +101,7 @@ async fn a_write_cut_off_midway_is_ambiguous() {
     store.claim(rec.clone(), vec![]).await.unwrap();
 
     let mut blocker = admin(db.url()).await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "SELECT 1 FROM operations WHERE key = $1 FOR UPDATE",
-        &[&rec.key.as_str()],
-    )
-    .await
-    .unwrap();
+    let tx = lock_row(&mut blocker, rec.key.as_str()).await;
 
     let writer = {
         let store = store.clone();

@@ -35,6 +35,22 @@ pub async fn admin(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Opens a transaction on `client` that holds the row lock of `key` until it ends, so that a
+/// store statement updating that row waits.
+pub async fn lock_row<'c>(
+    client: &'c mut tokio_postgres::Client,
+    key: &str,
+) -> tokio_postgres::Transaction<'c> {
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM operations WHERE key = $1 FOR UPDATE",
+        &[&key],
+    )
+    .await
+    .unwrap();
+    tx
+}
+
 pub const LEASE: Millis = 30_000;
 
 pub fn key(text: &str) -> OperationKey {
