@@ -274,6 +274,43 @@ async fn wait_for_lock_waiters(url: &str, n: i64) {
     }
 }
 
+/// The one batch slot, occupied: a transition of a record to applied, waiting on a row lock.
+struct HeldSlot<'c> {
+    lock: tokio_postgres::Transaction<'c>,
+    waiting: tokio::task::JoinHandle<Result<Cas, store::Error>>,
+}
+
+/// Occupies the one batch slot with a transition of `held` that waits on a row lock taken by
+/// `blocker`, so that the transitions after it queue and leave together, as one batch, once
+/// the slot is released.
+async fn hold_the_slot<'c>(
+    store: &Arc<PgStore>,
+    blocker: &'c mut tokio_postgres::Client,
+    url: &str,
+    held: &idemgate_core::Record,
+) -> HeldSlot<'c> {
+    let lock = lock_row(blocker, held.key.as_str()).await;
+    let t = step(held, applied("T-held"), T0 + 1, vec![]);
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.transition(t).await })
+    };
+    wait_for_lock_waiters(url, 1).await;
+    HeldSlot { lock, waiting }
+}
+
+impl HeldSlot<'_> {
+    /// Gives the queued transitions time to queue, releases the lock, checks that the held
+    /// transition applied, and returns the batch counters from just before the release.
+    async fn release(self, store: &PgStore) -> (u64, u64) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = store.batch_stats();
+        self.lock.rollback().await.unwrap();
+        assert!(matches!(self.waiting.await.unwrap().unwrap(), Cas::Done(_)));
+        before
+    }
+}
+
 /// One row the server refuses (a NUL byte, which PostgreSQL's text cannot hold) fails the
 /// whole statement; the other callers of that batch still get their own answers, and only the
 /// bad row's caller gets an error.
@@ -345,21 +382,7 @@ async fn a_bad_row_fails_alone() {
 
     // The same for transitions: one bad row in a batch of steps.
     let held_rec = store.get(&key("acme:prod:wf:held")).await.unwrap().unwrap();
-    let tx = blocker.transaction().await.unwrap();
-    tx.execute(
-        "SELECT 1 FROM operations WHERE key = 'acme:prod:wf:held' FOR UPDATE",
-        &[],
-    )
-    .await
-    .unwrap();
-    let held = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let t = step(&held_rec, applied("T-held"), T0 + 1, vec![]);
-            store.transition(t).await
-        })
-    };
-    wait_for_lock_waiters(db.url(), 1).await;
+    let slot = hold_the_slot(&store, &mut blocker, db.url(), &held_rec).await;
     let mut tasks = Vec::new();
     for k in (0..8).filter(|k| *k != 3) {
         let store = store.clone();
@@ -380,10 +403,7 @@ async fn a_bad_row_fails_alone() {
             (k, store.transition(t).await)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = store.batch_stats();
-    tx.rollback().await.unwrap();
-    assert!(matches!(held.await.unwrap().unwrap(), Cas::Done(_)));
+    let before = slot.release(&store).await;
     for t in tasks {
         let (k, answer) = t.await.unwrap();
         if k == 5 {
@@ -430,17 +450,7 @@ async fn transition_batches_of_every_size_update_their_rows_only() {
             store.claim(rec.clone(), vec![]).await.unwrap();
             records.push(rec);
         }
-        // Occupy the one batch slot with a transition waiting on a row lock, so that the
-        // others queue and leave together.
-        let tx = lock_row(&mut blocker, held_rec.key.as_str()).await;
-        let held = {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let t = step(&held_rec, applied("T-held"), T0 + 1, vec![]);
-                store.transition(t).await
-            })
-        };
-        wait_for_lock_waiters(db.url(), 1).await;
+        let slot = hold_the_slot(&store, &mut blocker, db.url(), &held_rec).await;
         let mut tasks = Vec::new();
         for (k, rec) in records.iter().enumerate() {
             let (store, rec) = (store.clone(), rec.clone());
@@ -450,10 +460,7 @@ async fn transition_batches_of_every_size_update_their_rows_only() {
                 (k, store.transition(t).await)
             }));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let before = store.batch_stats();
-        tx.rollback().await.unwrap();
-        assert!(matches!(held.await.unwrap().unwrap(), Cas::Done(_)));
+        let before = slot.release(&store).await;
         for t in tasks {
             let (k, answer) = t.await.unwrap();
             let Ok(Cas::Done(r)) = answer else {
