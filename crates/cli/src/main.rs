@@ -92,33 +92,45 @@ enum Command {
 /// written by a thread of their own (`logs`); the returned writer is flushed before exiting.
 fn logs(format: LogFormat, server: bool) -> (Option<Traces>, logs::Lines) {
     use std::io::IsTerminal;
+    use tracing_subscriber::filter::FilterExt;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer, Registry};
-    let filter = match std::env::var("RUST_LOG") {
+    let filter = || match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.trim().is_empty() => EnvFilter::new(directives),
         _ if server => EnvFilter::new("warn,idemgate=info"),
         _ => EnvFilter::new("off"),
     };
     let lines = logs::Lines::stderr();
     let fmt = tracing_subscriber::fmt::layer().with_writer(lines.clone());
-    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match format {
+    let fmt = match format {
         LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(true)
+            .with_filter(filter())
             .boxed(),
-        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).boxed(),
-    }];
+        LogFormat::Text => fmt
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter())
+            .boxed(),
+    };
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt];
+    // Each layer has its own filter. The delivery's stage spans (claim, authorize, downstream,
+    // finalise, lookup) are at debug, so the log leaves them out and, with no exporter, nobody
+    // creates them; the exporter takes them whatever the log's level.
     let traces = if server { traces_layer() } else { None };
     let traces = traces.map(|(layer, traces)| {
-        layers.push(layer);
+        let stages = tracing_subscriber::filter::filter_fn(|meta| {
+            meta.is_span()
+                && meta.target().starts_with("idemgate")
+                && *meta.level() <= tracing::Level::DEBUG
+        });
+        layers.push(layer.with_filter(stages.or(filter())).boxed());
         traces
     });
-    let _ = Registry::default()
-        .with(layers.with_filter(filter))
-        .try_init();
+    let _ = Registry::default().with(layers).try_init();
     (traces, lines)
 }
 

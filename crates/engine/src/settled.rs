@@ -127,7 +127,11 @@ impl Settled {
 impl Generations {
     fn insert(&mut self, half: usize, key: String, record: Record) {
         if self.newer.len() >= half {
-            self.older = std::mem::take(&mut self.newer);
+            // The older generation goes; its table, already sized for a whole generation,
+            // becomes the newer one. A fresh table would grow by doubling and move every
+            // record it holds at each step, on the unique-key path.
+            std::mem::swap(&mut self.newer, &mut self.older);
+            self.newer.clear();
         }
         self.newer.insert(key, record);
     }

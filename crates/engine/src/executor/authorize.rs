@@ -100,7 +100,7 @@ impl Executor {
         let decision = self
             .authorizer
             .authorize(request)
-            .instrument(tracing::info_span!("authorize", stage = ?stage))
+            .instrument(tracing::debug_span!("authorize", stage = ?stage))
             .await;
         match decision {
             Authorization::Allowed => Ok(()),

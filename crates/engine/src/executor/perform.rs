@@ -350,7 +350,7 @@ impl Executor {
             current.record("fence", record.fence);
             let call = effect
                 .perform(request)
-                .instrument(tracing::info_span!("downstream", attempt = record.fence));
+                .instrument(tracing::debug_span!("downstream", attempt = record.fence));
             tokio::pin!(call);
             let every = Duration::from_millis((contract.lease.millis() / 3).max(500) as u64);
             loop {
@@ -397,7 +397,7 @@ impl Executor {
         drop(proof);
         effect
             .perform(request)
-            .instrument(tracing::info_span!("downstream"))
+            .instrument(tracing::debug_span!("downstream"))
             .await
     }
 
@@ -414,7 +414,7 @@ impl Executor {
         }
         match effect
             .lookup_receipt(key)
-            .instrument(tracing::info_span!("lookup"))
+            .instrument(tracing::debug_span!("lookup"))
             .await
         {
             Lookup::Found(receipt) if !receipt.reference.is_empty() => Some(receipt),
@@ -453,7 +453,7 @@ impl Executor {
     async fn finalise(&self, t: Transition) -> Result<Cas, store::Error> {
         self.store
             .transition(t)
-            .instrument(tracing::info_span!("finalise"))
+            .instrument(tracing::debug_span!("finalise"))
             .await
     }
 
