@@ -56,8 +56,8 @@ impl Executor {
     ) -> Outcome {
         // One span per delivery; its children are the claim, the authorization hook, the
         // downstream call and the finalising write. The outcome and the fence are recorded on it
-        // as they become known. The children are at debug: a log at info never formats them (a
-        // third of the gateway's tracing cost per call), while the trace exporter enables them.
+        // as they become known. The children are at debug: a log at info neither creates nor
+        // formats them, while the trace exporter enables them.
         let span = tracing::info_span!(
             "delivery",
             tool = contract.name.as_str(),
