@@ -430,7 +430,8 @@ async fn claim_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<ClaimJob>
     }
     for job in jobs {
         let reply = match found.get(job.record.key.as_str()) {
-            Some((true, r)) => Reply::Done(record_of(r, 1).map(Claimed::Inserted)),
+            // Only the key comes back for an inserted row: it is the record sent.
+            Some((true, _)) => Reply::Done(Ok(Claimed::Inserted(job.record))),
             Some((false, r)) => Reply::Done(record_of(r, 1).map(Claimed::Existing)),
             // Neither inserted nor seen: committed by another claim after this statement's
             // snapshot. The single claim reads again with a new one.

@@ -806,8 +806,10 @@ async fn claim_with(
         let inserted = rows
             .iter()
             .find(|r| r.try_get::<_, bool>(0).unwrap_or(false));
-        if let Some(r) = inserted {
-            return Ok(Claimed::Inserted(record_of(r, 1)?));
+        // The statement returns only the key of a row it inserted (`sql::CLAIM`): the row
+        // is the record sent.
+        if inserted.is_some() {
+            return Ok(Claimed::Inserted(record.clone()));
         }
         if let Some(r) = rows.first() {
             return Ok(Claimed::Existing(record_of(r, 1)?));
