@@ -803,12 +803,12 @@ async fn claim_with(
             .await?;
         // Prefer the inserted row: both can appear only if the old row was purged after
         // this statement's snapshot was taken, and then the insert is what happened.
-        let inserted = rows
-            .iter()
-            .find(|r| r.try_get::<_, bool>(0).unwrap_or(false));
         // The statement returns only the key of a row it inserted (`sql::CLAIM`): the row
         // is the record sent.
-        if inserted.is_some() {
+        if rows
+            .iter()
+            .any(|r| r.try_get::<_, bool>(0).unwrap_or(false))
+        {
             return Ok(Claimed::Inserted(record.clone()));
         }
         if let Some(r) = rows.first() {
