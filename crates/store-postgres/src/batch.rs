@@ -63,7 +63,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
 use crate::conn::{self, Kind};
-use crate::{PgStore, expiry_columns, record_of, request_columns, sql};
+use crate::{PgStore, expiry_columns, record_of, request_columns, sql, written_of};
 
 /// What a queued caller is told.
 pub(crate) enum Reply<T> {
@@ -531,9 +531,9 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
             *slot = Some(r);
         }
     }
-    for (job, row) in jobs.into_iter().zip(done) {
+    for ((job, row), next) in jobs.into_iter().zip(done).zip(next) {
         let reply = match row {
-            Some(r) => Reply::Done(record_of(r, 1).map(Cas::Done)),
+            Some(r) => Reply::Done(written_of(r, 1, &job.transition, next).map(Cas::Done)),
             // The expectation no longer held; the caller reads the record as it now is.
             None => Reply::Lost,
         };

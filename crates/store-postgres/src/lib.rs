@@ -874,7 +874,28 @@ pub(crate) async fn transition_with(
             ],
         )
         .await?;
-    rows.first().map(|r| record_of(r, 0)).transpose()
+    rows.first().map(|r| written_of(r, 0, t, next)).transpose()
+}
+
+/// The record `t` wrote, from a result row of the columns it did not set (starting at column
+/// `offset`) and `next`, the state columns it set (`Row::set_state`).
+pub(crate) fn written_of(
+    r: &tokio_postgres::Row,
+    offset: usize,
+    t: &Transition,
+    next: Row,
+) -> Result<Record, store::Error> {
+    let written = Row {
+        tenant: t.key.tenant().to_string(),
+        key: t.key.as_str().to_string(),
+        fence: t.fence as i64,
+        updated_at: t.now,
+        ..next
+    };
+    let row = sql::read_written(r, offset, written)
+        .map_err(|e| store::Error::Corrupt(format!("unreadable operations row: {e}")))?;
+    row.into_record()
+        .map_err(|e| store::Error::Corrupt(e.to_string()))
 }
 
 /// Reads one record on an already checked-out connection (a statement of its own, hence a

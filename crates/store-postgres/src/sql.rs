@@ -91,6 +91,19 @@ macro_rules! inserted_columns {
     };
 }
 
+/// What a transition returns of the row it wrote: the columns it does not set. With the
+/// state, fence and time the caller sent they make the row as written, so the server does not
+/// send back the result and state it was just given, and the caller does not decode them.
+/// The request, approver, fingerprint and expiry are returned even when the transition set
+/// them, so that the rebuilt row never depends on which of them it set (as in the SQLite
+/// store's read-back).
+macro_rules! unset_columns {
+    () => {
+        "tool, tool_version, fingerprint, canonicalization, actor, request, approved_by, \
+         created_at, expires_at, purge_at, intent_window"
+    };
+}
+
 /// Reads one record by key.
 pub(crate) const GET: &str = concat!(
     "SELECT ",
@@ -133,7 +146,8 @@ pub(crate) const CLAIM: &str = concat!(
 /// to keep the stored one; `$20` the time; `$21` the trace entries to append
 /// (`idemgate_core::trace::encode`); `$22` and `$23` the new `expires_at` and `purge_at`, both
 /// NULL to keep the stored ones (a transition's expiry sets both or neither); `$24` the
-/// expected dispatch marker, NULL for any.
+/// expected dispatch marker, NULL for any. Returns the columns of [`unset_columns`] of the
+/// row it wrote (`read_written`), nothing when the expectation no longer held.
 pub(crate) const TRANSITION: &str = concat!(
     "WITH upd AS (
         UPDATE operations SET
@@ -151,11 +165,11 @@ pub(crate) const TRANSITION: &str = concat!(
           AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
           AND ($24::text IS NULL OR dispatch = $24::text)
         RETURNING ",
-    columns!(),
+    unset_columns!(),
     "
     )
     SELECT ",
-    columns!(),
+    unset_columns!(),
     " FROM upd"
 );
 
@@ -208,7 +222,7 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// key) with no key twice, then each transition's trace entries to append `$21`, its new
 /// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), and its expected
 /// dispatch marker `$24`. Returns the position of each transition that applied,
-/// then its row. Positions past the arrays' length read NULL and match no row, so a batch may
+/// then the columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length read NULL and match no row, so a batch may
 /// be sent with a statement for more rows than it has (the batcher rounds a batch of more than
 /// eight rows up to a power of two, so that a connection prepares a handful of these, not one
 /// per size).
@@ -268,7 +282,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             expires_at = at(22, "bigint"),
             purge_at = at(23, "bigint"),
             expect_dispatch = at(24, "text"),
-            columns = columns!(),
+            columns = unset_columns!(),
         ));
     }
     sql.push_str("upd AS (\n        ");
@@ -278,7 +292,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
         "
     )
     SELECT ord, ",
-        columns!(),
+        unset_columns!(),
         " FROM upd"
     ));
     sql
@@ -479,6 +493,31 @@ pub(crate) fn list(
     }
     sql.push_str(&format!(" ORDER BY key LIMIT ${}", next()));
     sql
+}
+
+/// The row a transition wrote: `written` (its key, and the state, fence and time it set, as
+/// the caller sent them) with the columns of [`unset_columns`] read from a result row,
+/// starting at column `offset` (the batch puts the position in front of them).
+pub(crate) fn read_written(
+    r: &tokio_postgres::Row,
+    offset: usize,
+    written: Row,
+) -> Result<Row, tokio_postgres::Error> {
+    let at = |i: usize| offset + i;
+    Ok(Row {
+        tool: r.try_get(at(0))?,
+        tool_version: r.try_get(at(1))?,
+        fingerprint: r.try_get(at(2))?,
+        canonicalization: r.try_get(at(3))?,
+        actor: r.try_get(at(4))?,
+        request: r.try_get(at(5))?,
+        approved_by: r.try_get(at(6))?,
+        created_at: r.try_get(at(7))?,
+        expires_at: r.try_get(at(8))?,
+        purge_at: r.try_get(at(9))?,
+        intent_window: r.try_get(at(10))?,
+        ..written
+    })
 }
 
 /// Reads the operation columns of a result row, starting at column `offset` (the claim puts a
