@@ -221,11 +221,11 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
 /// key) with no key twice, then each transition's trace entries to append `$21`, its new
 /// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), and its expected
-/// dispatch marker `$24`. Returns the position of each transition that applied,
-/// then the columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length read NULL and match no row, so a batch may
-/// be sent with a statement for more rows than it has (the batcher rounds a batch of more than
-/// eight rows up to a power of two, so that a connection prepares a handful of these, not one
-/// per size).
+/// dispatch marker `$24`. Returns the position of each transition that applied, then the
+/// columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length
+/// read NULL and match no row, so a batch may be sent with a statement for more rows than it
+/// has (the batcher rounds a batch of more than eight rows up to a power of two, so that a
+/// connection prepares a handful of these, not one per size).
 ///
 /// Each row is its own `UPDATE` in its own CTE, the single [`TRANSITION`] with array elements
 /// for parameters: a lookup by key, fenced and re-checked on the newest row version after a
