@@ -54,6 +54,7 @@ macro_rules! __idemgate_scenarios {
             timeout_without_commit_reconciled_not_applied,
             refusal_replayed_as_same_refusal,
             not_sent_releases_claim,
+            unwritten_release_is_not_safe_to_repeat,
             store_down_before_claim_leaves_nothing,
             store_error_after_completion_commit_replays,
             store_error_before_completion_recovers_receipt,
@@ -798,6 +799,45 @@ pub async fn not_sent_releases_claim(store: Arc<dyn Store>) {
         let retry = h.deliver(&c, &step, &ticket("Refund")).await;
         assert_eq!(retry.status, Status::Applied, "{retry:?}");
         assert_eq!(h.downstream.effects_for(&key(&step)), 1);
+    }
+}
+
+/// A release whose write fails proves nothing for the key: the claim may still be pending under
+/// this attempt's lease, and recovery sends it once the lease expires. So the answer may not say
+/// `safe_to_repeat` — here the key does get its effect afterwards, from the recoverer.
+pub async fn unwritten_release_is_not_safe_to_repeat(store: Arc<dyn Store>) {
+    for fault in [StoreFault::Before, StoreFault::AfterCommit] {
+        let spec = Spec::key_based();
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s-{fault:?}");
+        h.downstream.push_fault(Fault::NotSent);
+        // Write 1 is the claim, write 2 the release.
+        h.store.fail_write(2, fault);
+        let o = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(
+            h.store.faults_fired(),
+            1,
+            "the release was the faulted write"
+        );
+        assert!(!o.safe_to_repeat, "{fault:?}: {o:?}");
+        assert_eq!(o.status, Status::InFlight, "{fault:?}: {o:?}");
+        assert_eq!(o.next_action, NextAction::Poll);
+        assert_effects(&h, 0, "nothing sent yet");
+        h.expire_leases(&spec);
+        recoverer_for(&h, &c).run_once().await.unwrap();
+        let again = h.deliver(&c, &step, &ticket("Refund")).await;
+        match fault {
+            // Unwritten: the claim stayed owned, the recoverer took it over and sent it.
+            StoreFault::Before => {
+                assert_eq!(again.status, Status::Replayed, "{again:?}");
+            }
+            // Written: released, left to a new delivery, which runs it.
+            StoreFault::AfterCommit => {
+                assert_eq!(again.status, Status::Applied, "{again:?}");
+            }
+        }
+        assert_effects(&h, 1, "the key's one effect");
     }
 }
 

@@ -47,12 +47,20 @@ fn same_seed_same_trace() {
 fn found_schedules_stay_fixed() {
     use idemgate_sim::world::StoreKind;
     let catalog = idemgate_sim::workload::Catalog::new();
-    let found: [(u64, StoreKind, &str); 1] = [(
-        2851466356289463936,
-        StoreKind::Mem,
-        "an operator's receipt lookup settled a record under a live claim, whose owner then \
-         sent a second effect",
-    )];
+    let found: [(u64, StoreKind, &str); 2] = [
+        (
+            2851466356289463936,
+            StoreKind::Mem,
+            "an operator's receipt lookup settled a record under a live claim, whose owner then \
+             sent a second effect",
+        ),
+        (
+            7799159888323430342,
+            StoreKind::Mem,
+            "a release after a 429 whose write failed answered safe_to_repeat, while a takeover \
+             of the expired lease had sent the effect",
+        ),
+    ];
     for (seed, kind, defect) in found {
         let run = explore::run(
             &catalog,

@@ -176,8 +176,12 @@ impl Executor {
                             machine::refused(&r, &refusal)
                         }
                         Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
-                        // The refusal is certain even if unrecorded: nothing happened downstream.
-                        Err(_) => Outcome::rejected(Some(key), refusal.code, refusal.message),
+                        // The refusal is certain for this attempt, not for the key: unwritten,
+                        // the claim stays pending and recovery takes it after its lease, and a
+                        // newer attempt may already hold it. Not safe to repeat.
+                        Err(_) => {
+                            Outcome::rejected_after_effect(Some(key), refusal.code, refusal.message)
+                        }
                     };
                 }
                 AfterEffect::Release {
@@ -554,11 +558,13 @@ impl Executor {
     /// Releases a claim after a provable non-delivery: no owner, nothing sent. Only a new
     /// delivery takes it up again.
     ///
-    /// `answer` is what the caller hears when the release is written (or fails to be: the
-    /// lease then expires, and recovery reaches the same state by the marker, or by a lookup
-    /// or a deduplicated resend — never blindly). When the record moved meanwhile (the claim
-    /// was taken over while this attempt ran), the answer comes from the record as it is now:
-    /// this attempt's "nothing happened" no longer speaks for the key.
+    /// `answer` is what the caller hears when the release is written. When the record moved
+    /// meanwhile (the claim was taken over while this attempt ran), the answer comes from the
+    /// record as it is now: this attempt's "nothing happened" no longer speaks for the key.
+    /// When the write fails, whether it committed cannot be told: the claim may still be
+    /// pending under this attempt's lease (which expires, and recovery then sends it, by the
+    /// marker, a lookup or a resend — never blindly) or under a newer attempt's that has sent
+    /// already. Either way the key may yet have an effect: the caller polls it.
     pub(crate) async fn release(
         &self,
         contract: &Contract,
@@ -575,7 +581,14 @@ impl Executor {
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, record.key.clone(), now),
             Err(e) => {
                 tracing::warn!(operation_key = record.key.as_str(), error = %e, "release failed");
-                answer
+                Outcome::in_flight(
+                    record.key.clone(),
+                    NextAction::Poll,
+                    answer
+                        .retry_after_seconds
+                        .unwrap_or(0)
+                        .max(contract.lease.seconds()),
+                )
             }
         }
     }

@@ -196,7 +196,8 @@ impl Executor {
                 machine::status_outcome(Some(contract), &r, self.now())
             }
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
-            Err(_) => Outcome::rejected(
+            // Unwritten, the record may still await approval, and an approval would send it.
+            Err(_) => Outcome::rejected_after_effect(
                 Some(key),
                 ErrorCode::ApprovalExpired,
                 transitions::approval_expired(contract).message,
