@@ -584,12 +584,15 @@ pub fn ms(d: Duration) -> String {
 /// Runs and prints, in this order, the queue's first page, the recoverer's scan, claim +
 /// finalise and replay on a store loaded with `n` records at `now`: what both stores' growth
 /// benchmarks measure before their sweep.
+/// The reads and rates at one size; `seed` picks the new keys the claims make (a run on a file
+/// kept from an earlier one needs keys that run did not make).
 pub async fn reads_and_rates(
     store: Arc<dyn Store>,
     n: u64,
     now: Millis,
     callers: usize,
     run: Duration,
+    seed: u64,
 ) {
     let queue = queue_first_page(store.as_ref(), 50).await;
     println!(
@@ -607,7 +610,7 @@ pub async fn reads_and_rates(
         ms(scan.all_pages),
         ms(scan.overdue_page.median)
     );
-    let claims = claims(store.clone(), callers, run, n).await;
+    let claims = claims(store.clone(), callers, run, seed).await;
     println!(
         "claim + finalise: {:.0} ops/s ({} ops)",
         claims.per_second(),

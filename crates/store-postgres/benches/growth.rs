@@ -285,7 +285,7 @@ fn main() {
                     .await
                     .expect("the store connects"),
             );
-            growth::reads_and_rates(store.clone(), n, now, args.callers, run).await;
+            growth::reads_and_rates(store.clone(), n, now, args.callers, run, n).await;
             let swept = growth::sweep(store.clone(), n, now).await;
             println!(
                 "sweep of {} rows ({} purged, {} compacted): {} ms; a probe's {} claims beside \

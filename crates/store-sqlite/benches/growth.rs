@@ -11,9 +11,13 @@
 //!
 //! The loader writes the rows the store's own schema holds (the store creates the file and
 //! its schema first) with one prepared statement in one transaction, without a journal or
-//! fsync, in key order; then the file goes back to WAL mode and the store opens it as it
-//! would any file (its `PRAGMA optimize` at open gathers the planner's statistics). Each
-//! file is deleted after its size is measured, unless `--keep`.
+//! fsync, in a fixed random order (`--order random`, the default: pages about two thirds
+//! full, as the executor's inserts of random keys grow them) or in key order (`--order
+//! sorted`: every page full, so that nearly every new key splits one). Then the file goes
+//! back to WAL mode, is synced (its writeback would otherwise compete with what is measured),
+//! and the store opens it as it would any file (its `PRAGMA optimize` at open gathers the
+//! planner's statistics). Each file is deleted after its size is measured, unless `--keep`;
+//! `--reuse` measures a kept file again as it is, without loading it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +36,18 @@ struct Args {
     seconds: u64,
     callers: usize,
     keep: bool,
+    reuse: bool,
+    order: Order,
+}
+
+/// The order the loader inserts the rows in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// A fixed pseudo-random permutation: the b-trees come out as the executor's inserts of
+    /// random keys would have grown them, pages some two thirds full.
+    Random,
+    /// Key order: every page packed full, so that nearly every new key splits one.
+    Sorted,
 }
 
 fn args() -> Args {
@@ -41,6 +57,8 @@ fn args() -> Args {
         seconds: 5,
         callers: 16,
         keep: false,
+        reuse: false,
+        order: Order::Random,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -56,6 +74,19 @@ fn args() -> Args {
             "--seconds" => args.seconds = value().parse().expect("--seconds N"),
             "--callers" => args.callers = value().parse().expect("--callers N"),
             "--keep" => args.keep = true,
+            // Measure a file kept by an earlier `--keep` as it is (with the rows that run added)
+            // instead of loading it again; the file is kept.
+            "--reuse" => {
+                args.reuse = true;
+                args.keep = true;
+            }
+            "--order" => {
+                args.order = match value().as_str() {
+                    "random" => Order::Random,
+                    "sorted" => Order::Sorted,
+                    other => panic!("--order random|sorted, not {other}"),
+                }
+            }
             // `cargo bench` passes `--bench` to every bench binary.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -74,7 +105,21 @@ const INSERT: &str = "INSERT INTO operations (tenant, key, tool, tool_version, f
     updated_at, expires_at, purge_at, intent_window, trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
     ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
 
-fn load(path: &Path, n: u64, now: i64) {
+/// A multiplier coprime with `n`: `i * m % n` runs through `0..n` in a fixed pseudo-random
+/// order.
+fn permutation(n: u64) -> u64 {
+    let mut m = (0x9E37_79B9_7F4A_7C15u64 % n) | 1;
+    while gcd(m, n) != 1 {
+        m += 2;
+    }
+    m
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn load(path: &Path, n: u64, now: i64, order: Order) {
     // The store creates the file and its schema, then closes it.
     drop(
         SqliteStore::open(
@@ -88,14 +133,19 @@ fn load(path: &Path, n: u64, now: i64) {
     );
     let mut conn = Connection::open(path).expect("the file opens");
     conn.execute_batch(
-        "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA cache_size = -262144;",
+        "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA cache_size = -2097152;",
     )
     .expect("load settings");
     let contract = growth::contract();
     let tx = conn.transaction().expect("a transaction");
     {
         let mut insert = tx.prepare(INSERT).expect("the insert prepares");
-        for i in 0..n {
+        let m = permutation(n);
+        for j in 0..n {
+            let i = match order {
+                Order::Random => ((u128::from(j) * u128::from(m)) % u128::from(n)) as u64,
+                Order::Sorted => j,
+            };
             let (r, events) = growth::row(&contract, i, n, now);
             insert
                 .execute(params![
@@ -133,10 +183,17 @@ fn load(path: &Path, n: u64, now: i64) {
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
         .expect("back to WAL");
     assert_eq!(mode, "wal");
+    drop(conn);
+    // The load wrote without fsync: its pages are still on their way to the disk, and their
+    // writeback would compete with what is measured next (at 10M, 7.5 GB of it: claims ran at
+    // 0.6x and single commits took up to 0.9 s while it lasted). Measure the file at rest.
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .expect("the loaded file syncs");
 }
 
 fn remove(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
+    for suffix in ["", "-wal", "-shm", ".now"] {
         let mut p = path.as_os_str().to_owned();
         p.push(suffix);
         let _ = std::fs::remove_file(PathBuf::from(p));
@@ -162,10 +219,20 @@ fn main() {
     );
     for &n in &args.sizes {
         let path = args.dir.join(format!("grow-{n}.sqlite"));
-        remove(&path);
-        let now = SystemClock.now();
+        // The rows are laid out around the loader's clock, which a reused file keeps beside it.
+        let clock = path.with_extension("sqlite.now");
+        let reused = args.reuse && path.exists() && clock.exists();
         let started = Instant::now();
-        load(&path, n, now);
+        let now = if reused {
+            let text = std::fs::read_to_string(&clock).expect("the loader's clock reads");
+            text.trim().parse().expect("the loader's clock is a number")
+        } else {
+            let now = SystemClock.now();
+            remove(&path);
+            load(&path, n, now, args.order);
+            std::fs::write(&clock, now.to_string()).expect("the loader's clock writes");
+            now
+        };
         let loaded = started.elapsed();
         let bytes = size(&path);
         println!(
@@ -182,10 +249,16 @@ fn main() {
             now,
             args.callers,
             run,
+            if reused { SystemClock.now() as u64 } else { n },
         ));
         let before = store.stats();
         drop(shared);
         drop(store);
+        if reused {
+            // Its due rows were swept when it was kept; the sweep's counts no longer apply.
+            println!("sweep: not run again on a reused file");
+            continue;
+        }
         // A store of its own for the sweep, so that its longest write transaction is the
         // sweep's (or the probe's).
         let store = SqliteStore::open(&path, Options::default()).expect("the store opens");

@@ -12,6 +12,9 @@
 //!   per write only when one fails after writing), commits once, and only then answers each
 //!   caller. The fsync per commit is shared by every write in it; a caller alone commits its
 //!   own write on its own thread. [`Stats`] counts commits and commands.
+//! - `checkpoint` — the write-ahead log's checkpoints on a thread of their own, woken by the
+//!   write connection's WAL hook, instead of inside the writer's commits; the writer only
+//!   rewinds the log between batches.
 //! - `write` — claim (`INSERT .. ON CONFLICT DO NOTHING`), the claim that first checks for a
 //!   duplicate intent, compare-and-set transitions, event appends and the batches of a
 //!   retention sweep of one environment (at most [`SWEEP_BATCH`] rows each, one write
@@ -50,6 +53,7 @@ use idemgate_core::webhook::{Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
 
 mod audit;
+mod checkpoint;
 mod error;
 mod read;
 mod readers;
@@ -63,6 +67,7 @@ pub use schema::SCHEMA_VERSION;
 pub use write::SWEEPER;
 pub use writer::Stats;
 
+use crate::checkpoint::{Checkpointer, Log};
 use crate::error::Context;
 use crate::readers::Readers;
 use crate::writer::{Counters, Writer};
@@ -128,10 +133,14 @@ pub struct SqliteStore {
 }
 
 struct Inner {
-    // Fields drop in order: the readers close first, so that the writer's connection is the
-    // last one and checkpoints the write-ahead log into the main file as it closes.
+    // Fields drop in order: the readers and the checkpoint thread close first, so that the
+    // writer's connection is the last one and checkpoints the write-ahead log into the main
+    // file as it closes.
     readers: Readers,
+    /// Held for its `Drop`, which stops the thread before the writer closes.
+    _checkpointer: Checkpointer,
     writer: Writer,
+    log: Arc<Log>,
     counters: Arc<Counters>,
     path: PathBuf,
 }
@@ -148,7 +157,7 @@ impl SqliteStore {
         let shown = path.display().to_string();
         let what = || format!("opening {shown}");
 
-        let conn = connect(&path, &options, true).context(what)?;
+        let mut conn = connect(&path, &options, true).context(what)?;
         // WAL lets readers run beside the writer and makes a commit one sequential append.
         let mode = wal_mode(&conn, options.busy_timeout).context(what)?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -183,12 +192,28 @@ impl SqliteStore {
             conns.push(reader);
         }
 
+        // Checkpoints run on a thread of their own, not in the writer's commits (`checkpoint`).
+        // Its connection syncs the database file as the writer's syncs the log.
+        let copier = connect(&path, &options, false).context(what)?;
+        copier
+            .pragma_update(None, "synchronous", options.synchronous.pragma())
+            .context(what)?;
+        let log = Arc::new(Log::default());
+        let checkpointer = Checkpointer::spawn(&mut conn, copier, Arc::clone(&log))?;
+
         let counters = Arc::new(Counters::default());
-        let writer = Writer::spawn(conn, options.max_batch, Arc::clone(&counters))?;
+        let writer = Writer::spawn(
+            conn,
+            options.max_batch,
+            Arc::clone(&counters),
+            Arc::clone(&log),
+        )?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Readers::new(conns),
+                _checkpointer: checkpointer,
                 writer,
+                log,
                 counters,
                 path,
             }),
@@ -217,7 +242,12 @@ impl SqliteStore {
 
     /// What the writer has committed so far: with group commit, fewer commits than commands.
     pub fn stats(&self) -> Stats {
-        self.inner.counters.snapshot()
+        let (checkpoints, rewinds) = self.inner.log.counts();
+        Stats {
+            checkpoints,
+            rewinds,
+            ..self.inner.counters.snapshot()
+        }
     }
 
     fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {

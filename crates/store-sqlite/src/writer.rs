@@ -36,6 +36,7 @@ use idemgate_core::store::Error;
 use rusqlite::{CachedStatement, Connection};
 use tokio::sync::oneshot;
 
+use crate::checkpoint::{self, Log};
 use crate::error::{classify, commit_may_have_landed};
 
 /// Counters of the writer's work, for tests and metrics.
@@ -53,6 +54,10 @@ pub struct Stats {
     /// `COMMIT`: `longest_hold` without the commit's own write-ahead-log writes and fsync
     /// (and the checkpoint a commit may run), which the disk decides.
     pub longest_work: Duration,
+    /// Checkpoints of the write-ahead log run by the checkpoint thread.
+    pub checkpoints: u64,
+    /// Checkpoints the writer ran between batches so that the log could start over.
+    pub rewinds: u64,
 }
 
 #[derive(Default)]
@@ -70,6 +75,8 @@ impl Counters {
             commands: self.commands.load(Ordering::Relaxed),
             longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
             longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
+            checkpoints: 0,
+            rewinds: 0,
         }
     }
 }
@@ -178,6 +185,9 @@ struct Shared {
     queued: AtomicUsize,
     counters: Arc<Counters>,
     max_batch: usize,
+    /// The write-ahead log's length and what the checkpoints copied of it: the writer rewinds
+    /// the log between batches when it is due (`checkpoint`).
+    log: Arc<Log>,
 }
 
 impl Writer {
@@ -185,6 +195,7 @@ impl Writer {
         conn: Connection,
         max_batch: usize,
         counters: Arc<Counters>,
+        log: Arc<Log>,
     ) -> Result<Writer, Error> {
         let shared = Arc::new(Shared {
             conn: Mutex::new(conn),
@@ -192,6 +203,7 @@ impl Writer {
             queued: AtomicUsize::new(0),
             counters,
             max_batch: max_batch.max(1),
+            log,
         });
         let (queue, commands) = mpsc::channel();
         let writing = Arc::clone(&shared);
@@ -237,6 +249,9 @@ impl Writer {
             });
             drop(conn);
             finished.answer();
+            if self.shared.log.should_rewind() {
+                tokio::task::block_in_place(|| self.shared.rewind_log());
+            }
             return answer.try_recv().map_err(|_| {
                 Error::Ambiguous("a SQLite store command was dropped unanswered".into())
             })?;
@@ -271,6 +286,12 @@ impl Shared {
             return None;
         }
         self.conn.try_lock().ok()
+    }
+
+    /// Rewinds the write-ahead log when it is due, between batches (`checkpoint`).
+    fn rewind_log(&self) {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        checkpoint::rewind_if_due(&self.log, &conn);
     }
 }
 
@@ -336,6 +357,9 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         drop(conn);
         shared.queued.fetch_sub(taken, Ordering::Relaxed);
         finished.answer();
+        if shared.log.should_rewind() {
+            shared.rewind_log();
+        }
     }
     // Closing: refresh the planner's statistics where they are stale, as SQLite recommends
     // before a long-lived connection closes. A failure only leaves older statistics.
@@ -543,7 +567,8 @@ mod tests {
         conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")
             .expect("a table");
         let counters = Arc::new(Counters::default());
-        let writer = Writer::spawn(conn, 64, Arc::clone(&counters)).expect("a writer");
+        let writer =
+            Writer::spawn(conn, 64, Arc::clone(&counters), Arc::default()).expect("a writer");
         (writer, counters)
     }
 
