@@ -583,9 +583,8 @@ pub fn ms(d: Duration) -> String {
 
 /// Runs and prints, in this order, the queue's first page, the recoverer's scan, claim +
 /// finalise and replay on a store loaded with `n` records at `now`: what both stores' growth
-/// benchmarks measure before their sweep.
-/// The reads and rates at one size; `seed` picks the new keys the claims make (a run on a file
-/// kept from an earlier one needs keys that run did not make).
+/// benchmarks measure before their sweep. `seed` picks the new keys the claims make (a run on a
+/// file kept from an earlier one needs keys that run did not make).
 pub async fn reads_and_rates(
     store: Arc<dyn Store>,
     n: u64,

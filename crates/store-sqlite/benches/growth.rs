@@ -11,8 +11,8 @@
 //!
 //! The loader writes the rows the store's own schema holds (the store creates the file and
 //! its schema first) with one prepared statement in one transaction, without a journal or
-//! fsync, in a fixed random order (`--order random`, the default: pages about two thirds
-//! full, as the executor's inserts of random keys grow them) or in key order (`--order
+//! fsync, in a fixed random order (`--order random`, the default: pages some 85 % full, as
+//! the executor's inserts of random keys grow them) or in key order (`--order
 //! sorted`: every page full, so that nearly every new key splits one). Then the file goes
 //! back to WAL mode, is synced (its writeback would otherwise compete with what is measured),
 //! and the store opens it as it would any file (its `PRAGMA optimize` at open gathers the
@@ -44,7 +44,8 @@ struct Args {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Order {
     /// A fixed pseudo-random permutation: the b-trees come out as the executor's inserts of
-    /// random keys would have grown them, pages some two thirds full.
+    /// random keys would have grown them, pages some 85 % full (SQLite spreads a split over
+    /// three siblings).
     Random,
     /// Key order: every page packed full, so that nearly every new key splits one.
     Sorted,

@@ -94,13 +94,11 @@ impl Log {
     }
 }
 
-/// Runs a passive checkpoint on the write connection between batches, when the log is due to be
-/// rewound (see the module documentation).
-pub(crate) fn rewind_if_due(log: &Log, conn: &Connection) {
-    if log.should_rewind() {
-        log.checkpointed(conn.wal_checkpoint_v2(Some(rusqlite::MAIN_DB), CheckpointMode::PASSIVE));
-        log.rewinds.fetch_add(1, Ordering::Relaxed);
-    }
+/// Runs a passive checkpoint on the write connection between batches, so that its next
+/// transaction rewinds the log ([`Log::should_rewind`] says when; see the module documentation).
+pub(crate) fn rewind(log: &Log, conn: &Connection) {
+    log.checkpointed(conn.wal_checkpoint_v2(Some(rusqlite::MAIN_DB), CheckpointMode::PASSIVE));
+    log.rewinds.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The checkpoint thread. Dropping it stops the thread and closes its connection.

@@ -70,7 +70,7 @@ pub use writer::Stats;
 use crate::checkpoint::{Checkpointer, Log};
 use crate::error::Context;
 use crate::readers::Readers;
-use crate::writer::{Counters, Writer};
+use crate::writer::Writer;
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,8 +140,6 @@ struct Inner {
     /// Held for its `Drop`, which stops the thread before the writer closes.
     _checkpointer: Checkpointer,
     writer: Writer,
-    log: Arc<Log>,
-    counters: Arc<Counters>,
     path: PathBuf,
 }
 
@@ -201,20 +199,12 @@ impl SqliteStore {
         let log = Arc::new(Log::default());
         let checkpointer = Checkpointer::spawn(&mut conn, copier, Arc::clone(&log))?;
 
-        let counters = Arc::new(Counters::default());
-        let writer = Writer::spawn(
-            conn,
-            options.max_batch,
-            Arc::clone(&counters),
-            Arc::clone(&log),
-        )?;
+        let writer = Writer::spawn(conn, options.max_batch, Arc::default(), log)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Readers::new(conns),
                 _checkpointer: checkpointer,
                 writer,
-                log,
-                counters,
                 path,
             }),
             sealer: Sealer::unsigned(),
@@ -242,12 +232,7 @@ impl SqliteStore {
 
     /// What the writer has committed so far: with group commit, fewer commits than commands.
     pub fn stats(&self) -> Stats {
-        let (checkpoints, rewinds) = self.inner.log.counts();
-        Stats {
-            checkpoints,
-            rewinds,
-            ..self.inner.counters.snapshot()
-        }
+        self.inner.writer.stats()
     }
 
     fn read<T>(&self, read: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {

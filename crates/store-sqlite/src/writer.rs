@@ -75,8 +75,7 @@ impl Counters {
             commands: self.commands.load(Ordering::Relaxed),
             longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
             longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
-            checkpoints: 0,
-            rewinds: 0,
+            ..Stats::default()
         }
     }
 }
@@ -270,6 +269,16 @@ impl Writer {
         })?
     }
 
+    /// What the writer has done so far, the checkpoints of its log included.
+    pub(crate) fn stats(&self) -> Stats {
+        let (checkpoints, rewinds) = self.shared.log.counts();
+        Stats {
+            checkpoints,
+            rewinds,
+            ..self.shared.counters.snapshot()
+        }
+    }
+
     /// The write connection, when callers come one at a time and nothing is being written.
     /// For point reads only: while it is held, writes wait.
     pub(crate) fn idle_connection(&self) -> Option<MutexGuard<'_, Connection>> {
@@ -288,10 +297,11 @@ impl Shared {
         self.conn.try_lock().ok()
     }
 
-    /// Rewinds the write-ahead log when it is due, between batches (`checkpoint`).
+    /// Rewinds the write-ahead log between batches; the caller checked that it is due
+    /// (`checkpoint`).
     fn rewind_log(&self) {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        checkpoint::rewind_if_due(&self.log, &conn);
+        checkpoint::rewind(&self.log, &conn);
     }
 }
 
