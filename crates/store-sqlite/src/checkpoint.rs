@@ -15,8 +15,9 @@
 //!
 //! A passive checkpoint cannot rewind the log: SQLite starts writing the log from its beginning
 //! again only when a write transaction begins with every page of it copied, and under load the
-//! writer appends more while the thread copies. So the writer itself runs a passive checkpoint
-//! between batches (its callers answered) once the log is [`REWIND_AT`] pages long and nearly
+//! writer appends more while the thread copies. So the write connection runs a passive
+//! checkpoint between batches (its callers answered: after a lone caller's own write, on a
+//! blocking thread) once the log is [`REWIND_AT`] pages long and nearly
 //! all of it copied — little is left then — after which its next transaction rewinds the log.
 //! Should the thread fall behind, the writer does the same at [`REWIND_ANYWAY_AT`] pages
 //! whatever is left, as SQLite's own checkpoint would have: the log stays bounded.

@@ -199,7 +199,7 @@ impl SqliteStore {
         let log = Arc::new(Log::default());
         let checkpointer = Checkpointer::spawn(&mut conn, copier, Arc::clone(&log))?;
 
-        let writer = Writer::spawn(conn, options.max_batch, Arc::default(), log)?;
+        let writer = Writer::spawn(conn, options.max_batch, log)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Readers::new(conns),

@@ -61,7 +61,7 @@ pub struct Stats {
 }
 
 #[derive(Default)]
-pub(crate) struct Counters {
+struct Counters {
     commits: AtomicU64,
     commands: AtomicU64,
     longest_hold_nanos: AtomicU64,
@@ -69,7 +69,7 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    pub(crate) fn snapshot(&self) -> Stats {
+    fn snapshot(&self) -> Stats {
         Stats {
             commits: self.commits.load(Ordering::Relaxed),
             commands: self.commands.load(Ordering::Relaxed),
@@ -182,7 +182,7 @@ struct Shared {
     wave: AtomicUsize,
     /// Commands handed to the writer thread and not yet answered.
     queued: AtomicUsize,
-    counters: Arc<Counters>,
+    counters: Counters,
     max_batch: usize,
     /// The write-ahead log's length and what the checkpoints copied of it: the writer rewinds
     /// the log between batches when it is due (`checkpoint`).
@@ -193,14 +193,13 @@ impl Writer {
     pub(crate) fn spawn(
         conn: Connection,
         max_batch: usize,
-        counters: Arc<Counters>,
         log: Arc<Log>,
     ) -> Result<Writer, Error> {
         let shared = Arc::new(Shared {
             conn: Mutex::new(conn),
             wave: AtomicUsize::new(1),
             queued: AtomicUsize::new(0),
-            counters,
+            counters: Counters::default(),
             max_batch: max_batch.max(1),
             log,
         });
@@ -249,7 +248,11 @@ impl Writer {
             drop(conn);
             finished.answer();
             if self.shared.log.should_rewind() {
-                tokio::task::block_in_place(|| self.shared.rewind_log());
+                // Between writes, as on the writer thread, but not on this caller's path: it
+                // is answered now, and writes that come meanwhile find the connection taken
+                // and go to the writer thread.
+                let shared = Arc::clone(&self.shared);
+                tokio::task::spawn_blocking(move || shared.rewind_log());
             }
             return answer.try_recv().map_err(|_| {
                 Error::Ambiguous("a SQLite store command was dropped unanswered".into())
@@ -568,18 +571,15 @@ mod tests {
     use idemgate_core::store::Error;
     use rusqlite::Connection;
 
-    use super::{Counters, Tx, Writer};
+    use super::{Tx, Writer};
 
     type Work = Arc<dyn Fn(&mut Tx<'_>) -> Result<(), Error> + Send + Sync>;
 
-    fn writer(dir: &tempfile::TempDir) -> (Writer, Arc<Counters>) {
+    fn writer(dir: &tempfile::TempDir) -> Writer {
         let conn = Connection::open(dir.path().join("w.sqlite")).expect("a database");
         conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")
             .expect("a table");
-        let counters = Arc::new(Counters::default());
-        let writer =
-            Writer::spawn(conn, 64, Arc::clone(&counters), Arc::default()).expect("a writer");
-        (writer, counters)
+        Writer::spawn(conn, 64, Arc::default()).expect("a writer")
     }
 
     fn names(dir: &tempfile::TempDir) -> Vec<String> {
@@ -654,7 +654,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_that_fails_after_writing_leaves_no_write_and_the_others_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let (writer, counters) = writer(&dir);
+        let writer = writer(&dir);
         let (answers, runs) = one_batch(
             &writer,
             vec![
@@ -678,9 +678,8 @@ mod tests {
         // others' stand.
         assert_eq!(runs, vec![2, 2, 1]);
         assert_eq!(names(&dir), vec!["a", "c"]);
-        drop(writer);
         // The holding command and the three behind it: one commit, four commands.
-        let stats = counters.snapshot();
+        let stats = writer.stats();
         assert_eq!((stats.commits, stats.commands), (1, 4));
     }
 
@@ -698,7 +697,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lone_caller_commits_on_its_own_thread_and_a_wave_on_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
-        let (writer, counters) = writer(&dir);
+        let writer = writer(&dir);
         let writer_thread = Some("idemgate-sqlite-writer".to_owned());
         // Callers one at a time: no hand-off.
         assert_ne!(written_on(&writer, "a").await, writer_thread);
@@ -710,14 +709,14 @@ mod tests {
         assert_eq!(written_on(&writer, "c").await, writer_thread);
         assert_ne!(written_on(&writer, "d").await, writer_thread);
         assert_eq!(names(&dir), vec!["a", "b", "c", "d"]);
-        let stats = counters.snapshot();
+        let stats = writer.stats();
         assert_eq!((stats.commits, stats.commands), (4, 4));
     }
 
     #[test]
     fn a_caller_is_alone_only_when_nobody_writes_or_waits() {
         let dir = tempfile::tempdir().unwrap();
-        let (writer, _) = writer(&dir);
+        let writer = writer(&dir);
         let shared = &writer.shared;
         assert!(shared.alone().is_some());
         // The last batch held several commands: a wave may still be arriving.
@@ -738,7 +737,7 @@ mod tests {
     #[tokio::test]
     async fn on_a_single_threaded_runtime_every_write_goes_to_the_writer_thread() {
         let dir = tempfile::tempdir().unwrap();
-        let (writer, _) = writer(&dir);
+        let writer = writer(&dir);
         // Blocking the only thread of the runtime on an fsync would stall every other task.
         for name in ["a", "b"] {
             assert_eq!(
@@ -751,7 +750,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_that_fails_before_writing_costs_no_redo() {
         let dir = tempfile::tempdir().unwrap();
-        let (writer, _) = writer(&dir);
+        let writer = writer(&dir);
         let (answers, runs) = one_batch(
             &writer,
             vec![
