@@ -98,7 +98,10 @@ fn page(limit: usize) -> usize {
 
 /// Whether `record` still looks as the executor saw it.
 fn matches(record: &Record, expect: &Expect) -> bool {
-    if record.fence != expect.fence || record.status() != expect.status {
+    if record.fence != expect.fence
+        || record.status() != expect.status
+        || record.created_at != expect.created_at
+    {
         return false;
     }
     if let Some(tag) = expect.dispatch
@@ -609,6 +612,7 @@ mod tests {
         Expect {
             fence,
             status,
+            created_at: 0,
             lease_expired_by,
             dispatch: None,
         }

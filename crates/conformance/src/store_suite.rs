@@ -48,6 +48,7 @@ where
     concurrent_claims_insert_once(fresh().await).await;
     transition_applies_and_appends_events(fresh().await).await;
     stale_fence_loses_and_changes_nothing(fresh().await).await;
+    a_purged_keys_next_life_fences_out_the_last(fresh().await).await;
     takeover_waits_for_lease_expiry(fresh().await).await;
     concurrent_takeovers_one_wins(fresh().await).await;
     request_update_keep_clear_set(fresh().await).await;
@@ -72,7 +73,7 @@ where
 }
 
 /// How many cases [`run`] runs, for store crates that check they ran them all.
-pub const CASES: usize = 25;
+pub const CASES: usize = 26;
 
 // ---------------------------------------------------------------------------------------------
 // Building records.
@@ -183,6 +184,7 @@ pub fn step(from: &Record, next: RecordState, now: Millis) -> Transition {
         expect: Expect {
             fence: from.fence,
             status: from.status(),
+            created_at: from.created_at,
             lease_expired_by: None,
             dispatch: None,
         },
@@ -423,6 +425,67 @@ pub async fn stale_fence_loses_and_changes_nothing<S: Store>(store: S) {
     assert_eq!(answer, Cas::Lost(None));
     assert_eq!(store.get(&missing).await.expect("get succeeds"), None);
     assert_eq!(trace(&store, &missing).await, Vec::new());
+}
+
+/// A key whose tombstone was purged is claimed again at fence 1, like its first life was: a
+/// worker of the first life, paused through the purge, still holds fence 1 and a pending
+/// status, and its transition must lose to the second life's claim (the expectation names
+/// the life by its creation instant), or it would mark, and send, someone else's claim.
+pub async fn a_purged_keys_next_life_fences_out_the_last<S: Store>(store: S) {
+    let first = record("acme:prod:wf-lives:s1", pending("w1", 31_000));
+    claim_new(&store, &first, vec![event(EventKind::Claimed, 1_000, "w1")]).await;
+    // What w1 would write after a pause: its own step, planned from the first life.
+    let mut paused = step(
+        &first,
+        RecordState::Pending {
+            lease: Lease {
+                owner: Some("w1".into()),
+                expires_at: 31_000,
+            },
+            dispatch: Dispatch::Sent,
+        },
+        90_000,
+    );
+    paused.events = vec![event(EventKind::Sent, 90_000, "w1")];
+
+    // The lease runs out; nothing was sent, so a recoverer ends the first life as never run,
+    // and a sweep purges it.
+    let mut ended = takeover(&first, "recoverer", 40_000);
+    ended.next = RecordState::Tombstone(Digest::NeverRan);
+    ended.expiry = Some(Expiry {
+        expires_at: 40_000,
+        purge_at: 40_000,
+    });
+    done(store.transition(ended).await.expect("transition succeeds"));
+    assert_eq!(
+        store
+            .sweep("prod", 50_000, 100)
+            .await
+            .expect("sweep succeeds"),
+        SweepReport {
+            compacted: 0,
+            purged: 1
+        }
+    );
+    assert_eq!(store.get(&first.key).await.expect("get succeeds"), None);
+
+    // The second life: the same key, fence 1 and pending again, claimed by w2.
+    let mut second = record("acme:prod:wf-lives:s1", pending("w2", 90_000));
+    second.created_at = 60_000;
+    second.updated_at = 60_000;
+    let second_events = vec![event(EventKind::Claimed, 60_000, "w2")];
+    claim_new(&store, &second, second_events.clone()).await;
+
+    let answer = store.transition(paused).await.expect("transition succeeds");
+    assert_eq!(answer, Cas::Lost(Some(second.clone())));
+    assert_eq!(stored(&store, &second.key).await, second);
+    assert_eq!(trace(&store, &second.key).await, second_events);
+
+    // The second life's own owner still moves it.
+    let own = step(&second, applied("ticket-2"), 61_000);
+    let written = done(store.transition(own).await.expect("transition succeeds"));
+    assert_eq!(written.status(), RecordStatus::Applied);
+    assert_eq!(stored(&store, &second.key).await, written);
 }
 
 /// A takeover (`lease_expired_by`) fails while the lease is live, including after a renewal

@@ -2,7 +2,8 @@
 //!
 //! **A store persists the transition it is given with compare-and-set and never chooses one.**
 //! The executor decides the next state; the store writes it only if the record still has the
-//! fencing token (and status, and for a takeover an expired lease) that the executor saw.
+//! fencing token, status and creation instant (and for a takeover an expired lease) that the
+//! executor saw.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -53,6 +54,15 @@ pub enum Claimed {
 pub struct Expect {
     pub fence: u64,
     pub status: RecordStatus,
+    /// When the record was claimed: which life of the key the executor saw. A key whose
+    /// tombstone was purged can be claimed again, and the new life starts at fence 1 like the
+    /// old one did, so fence and status alone would let a worker paused through the purge
+    /// write, and send, for a claim that is not its own. A new life is claimed no earlier than
+    /// the old one's purge, and that waited for its retention after it settled, so two lives
+    /// share a creation instant only if the old one was claimed, settled without a lease or
+    /// timer running out, purged with a `tombstone_ttl` of 0, and claimed again, all in one
+    /// millisecond of one clock.
+    pub created_at: Millis,
     /// For a takeover: the lease must have expired at or before this instant, so a renewal
     /// that raced the takeover wins.
     pub lease_expired_by: Option<Millis>,

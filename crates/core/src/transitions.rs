@@ -138,6 +138,7 @@ fn same_attempt(
         expect: Expect {
             fence: record.fence,
             status: record.status(),
+            created_at: record.created_at,
             lease_expired_by: None,
             dispatch: None,
         },
@@ -171,6 +172,7 @@ fn new_attempt(record: &Record, next: RecordState, events: Vec<Event>, at: At<'_
         expect: Expect {
             fence: record.fence,
             status: record.status(),
+            created_at: record.created_at,
             lease_expired_by,
             // A new attempt is planned from the dispatch it read: a marker written since wins.
             dispatch: record.pending_dispatch().map(Dispatch::tag),

@@ -376,6 +376,15 @@ async fn bad_actions_get_a_message_and_change_nothing() {
             "page was out of date",
         ),
         (
+            "a page of the key's earlier life (same attempt and status)",
+            post(
+                &waiting,
+                "action=approve&reason=ok&fence=1&status=awaiting_approval&claimed_at=1",
+            ),
+            409,
+            "claimed again since",
+        ),
+        (
             "no reason",
             post(
                 &waiting,

@@ -47,7 +47,7 @@ fn same_seed_same_trace() {
 fn found_schedules_stay_fixed() {
     use idemgate_sim::world::StoreKind;
     let catalog = idemgate_sim::workload::Catalog::new();
-    let found: [(u64, StoreKind, &str); 2] = [
+    let found: [(u64, StoreKind, &str); 3] = [
         (
             2851466356289463936,
             StoreKind::Mem,
@@ -59,6 +59,12 @@ fn found_schedules_stay_fixed() {
             StoreKind::Mem,
             "a release after a 429 whose write failed answered safe_to_repeat, while a takeover \
              of the expired lease had sent the effect",
+        ),
+        (
+            7111195616907717410,
+            StoreKind::Mem,
+            "a worker paused through the purge of its key's tombstone wrote, then sent, under the \
+             key's next claim, which had the same fence and status: two effects in one life",
         ),
     ];
     for (seed, kind, defect) in found {

@@ -196,6 +196,8 @@ fn pgbench_scripts(dir: &Path) -> (PathBuf, PathBuf) {
             "1800172800001",
             // Any dispatch marker.
             "NULL",
+            // The life claimed above.
+            "1800000000000",
         ],
     );
     let unique = dir.join("claim_finalise.sql");

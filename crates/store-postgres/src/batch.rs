@@ -462,6 +462,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let expect_status: Vec<&str> = ts.iter().map(|t| t.expect.status.as_str()).collect();
     let expired_by: Vec<Option<i64>> = ts.iter().map(|t| t.expect.lease_expired_by).collect();
     let expect_dispatch: Vec<Option<&str>> = ts.iter().map(|t| t.expect.dispatch).collect();
+    let expect_created: Vec<i64> = ts.iter().map(|t| t.expect.created_at).collect();
     let status: Vec<&String> = next.iter().map(|r| &r.status).collect();
     let fence: Vec<i64> = ts.iter().map(|t| t.fence as i64).collect();
     let opt = |f: fn(&Row) -> &Option<String>| next.iter().map(f).collect::<Vec<_>>();
@@ -484,7 +485,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
     let (expires_at, purge_at): (Vec<Option<i64>>, Vec<Option<i64>>) =
         ts.iter().map(|t| expiry_columns(t.expiry)).unzip();
     let trace: Vec<String> = ts.iter().map(|t| trace::encode(&t.events)).collect();
-    let params: [&(dyn ToSql + Sync); 24] = [
+    let params: [&(dyn ToSql + Sync); 25] = [
         &tenant,
         &key,
         &expect_fence,
@@ -509,6 +510,7 @@ async fn transition_batch(store: &PgStore, batcher: &Batcher, mut jobs: Vec<Tran
         &expires_at,
         &purge_at,
         &expect_dispatch,
+        &expect_created,
     ];
     count(batcher, jobs.len());
     let answer = match conn::checkout(&batcher.pool, batcher.deadline).await {

@@ -872,6 +872,7 @@ pub(crate) async fn transition_with(
                 &expires_at,
                 &purge_at,
                 &t.expect.dispatch,
+                &t.expect.created_at,
             ],
         )
         .await?;

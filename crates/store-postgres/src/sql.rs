@@ -146,7 +146,8 @@ pub(crate) const CLAIM: &str = concat!(
 /// to keep the stored one; `$20` the time; `$21` the trace entries to append
 /// (`idemgate_core::trace::encode`); `$22` and `$23` the new `expires_at` and `purge_at`, both
 /// NULL to keep the stored ones (a transition's expiry sets both or neither); `$24` the
-/// expected dispatch marker, NULL for any. Returns the columns of [`unset_columns`] of the
+/// expected dispatch marker, NULL for any; `$25` the expected `created_at` (which life of the
+/// key). Returns the columns of [`unset_columns`] of the
 /// row it wrote (`read_written`), nothing when the expectation no longer held.
 pub(crate) const TRANSITION: &str = concat!(
     "WITH upd AS (
@@ -161,7 +162,7 @@ pub(crate) const TRANSITION: &str = concat!(
             purge_at = COALESCE($23::bigint, purge_at),
             updated_at = $20,
             trace = trace || $21::text
-        WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4
+        WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = $4 AND created_at = $25
           AND ($5::bigint IS NULL OR lease_expires_at <= $5::bigint)
           AND ($24::text IS NULL OR dispatch = $24::text)
         RETURNING ",
@@ -220,8 +221,8 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// Many fenced compare-and-sets in one statement (see `batch`), for `rows` transitions. The
 /// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
 /// key) with no key twice, then each transition's trace entries to append `$21`, its new
-/// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), and its expected
-/// dispatch marker `$24`. Returns the position of each transition that applied, then the
+/// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), its expected
+/// dispatch marker `$24` and its expected `created_at` `$25`. Returns the position of each transition that applied, then the
 /// columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length
 /// read NULL and match no row, so a batch may be sent with a statement for more rows than it
 /// has (the batcher rounds a batch of more than eight rows up to a power of two, so that a
@@ -253,7 +254,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             updated_at = {now},
             trace = trace || {trace}
         WHERE tenant = {tenant} AND key = {key} AND fence = {expect_fence}
-          AND status = {expect_status}
+          AND status = {expect_status} AND created_at = {expect_created}
           AND ({expired_by} IS NULL OR lease_expires_at <= {expired_by})
           AND ({expect_dispatch} IS NULL OR dispatch = {expect_dispatch})
         RETURNING {n}::bigint AS ord, {columns}
@@ -282,6 +283,7 @@ pub(crate) fn transition_batch(rows: usize) -> String {
             expires_at = at(22, "bigint"),
             purge_at = at(23, "bigint"),
             expect_dispatch = at(24, "text"),
+            expect_created = at(25, "bigint"),
             columns = unset_columns!(),
         ));
     }

@@ -493,6 +493,53 @@ async fn transition_batches_of_every_size_update_their_rows_only() {
     }
 }
 
+/// A batched transition names the life of its key like the single statement does: a row
+/// planned from a record created at another instant (a life of the key since purged, whose
+/// fence and status the new life repeats) loses, and the rest of its batch applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_row_of_a_past_life_loses() {
+    let db = database!();
+    let store = Arc::new(db.store_with(one_in_flight()).await);
+    let mut blocker = admin(db.url()).await;
+    let held = claimed("acme:prod:wf:lives-held", "w1", T0);
+    store.claim(held.clone(), vec![]).await.unwrap();
+    let current = claimed("acme:prod:wf:lives-new", "w2", T0);
+    store.claim(current.clone(), vec![]).await.unwrap();
+    let other = claimed("acme:prod:wf:lives-other", "w1", T0);
+    store.claim(other.clone(), vec![]).await.unwrap();
+    // What a worker of the key's first life, created earlier, would write.
+    let mut past = current.clone();
+    past.created_at = T0 - 60_000;
+
+    let slot = hold_the_slot(&store, &mut blocker, db.url(), &held).await;
+    let stale = {
+        let store = store.clone();
+        let t = step(&past, applied("T-stale"), T0 + 2, vec![]);
+        tokio::spawn(async move { store.transition(t).await })
+    };
+    let own = {
+        let store = store.clone();
+        let t = step(&other, applied("T-own"), T0 + 2, vec![]);
+        tokio::spawn(async move { store.transition(t).await })
+    };
+    let before = slot.release(&store).await;
+    let stale = stale.await.unwrap().unwrap();
+    let own = own.await.unwrap().unwrap();
+    let after = store.batch_stats();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 2),
+        "both rows rode one statement"
+    );
+    assert_eq!(stale, Cas::Lost(Some(current.clone())));
+    assert_eq!(store.get(&current.key).await.unwrap(), Some(current));
+    let Cas::Done(written) = own else {
+        panic!("the current life's row lost: {own:?}")
+    };
+    assert_eq!(written.status(), RecordStatus::Applied);
+    assert_eq!(store.get(&other.key).await.unwrap(), Some(written));
+}
+
 /// Without batching, nothing is batched (the option turns it off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batching_can_be_turned_off() {

@@ -58,7 +58,7 @@ const FINALISE: &str = "UPDATE operations SET status = 'applied', lease_owner = 
     lease_expires_at = NULL, dispatch = NULL, job_id = NULL, effect_reference = ?3, result = ?4, \
     error_code = NULL, error_message = NULL, fence = 1, updated_at = ?5, request = NULL, \
     expires_at = ?5 + 86400000, purge_at = ?5 + 172800000, trace = trace || ?6 \
-    WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending'";
+    WHERE tenant = ?1 AND key = ?2 AND fence = 1 AND status = 'pending' AND created_at = ?5";
 const READ: &str = "SELECT tenant, key, tool, tool_version, fingerprint, canonicalization, \
     status, fence, lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, \
     error_code, error_message, actor, request, approved_by, created_at, updated_at, expires_at, \

@@ -612,6 +612,7 @@ mod tests {
             expect: Expect {
                 fence: 1,
                 status: RecordStatus::Pending,
+                created_at: 0,
                 lease_expired_by: None,
                 dispatch: None,
             },

@@ -227,15 +227,18 @@ impl Update {
             sql.push_str(", trace = trace || ?");
             values.push(Value::Text(trace::encode(&t.events)));
         }
-        // The compare half of compare-and-set: the fencing token and status the executor saw,
-        // and for a takeover a lease that has run out, so that a renewal racing the takeover
-        // wins.
-        sql.push_str(" WHERE tenant = ? AND key = ? AND fence = ? AND status = ?");
+        // The compare half of compare-and-set: the fencing token, status and life (creation
+        // instant) the executor saw, and for a takeover a lease that has run out, so that a
+        // renewal racing the takeover wins.
+        sql.push_str(
+            " WHERE tenant = ? AND key = ? AND fence = ? AND status = ? AND created_at = ?",
+        );
         values.extend([
             Value::Text(t.key.tenant().into()),
             Value::Text(t.key.as_str().into()),
             Value::Integer(int(t.expect.fence)),
             Value::Text(t.expect.status.as_str().into()),
+            Value::Integer(t.expect.created_at),
         ]);
         if let Some(by) = t.expect.lease_expired_by {
             sql.push_str(" AND lease_expires_at <= ?");

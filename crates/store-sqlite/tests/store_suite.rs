@@ -48,6 +48,7 @@ cases!(
     concurrent_claims_insert_once,
     transition_applies_and_appends_events,
     stale_fence_loses_and_changes_nothing,
+    a_purged_keys_next_life_fences_out_the_last,
     takeover_waits_for_lease_expiry,
     concurrent_takeovers_one_wins,
     request_update_keep_clear_set,

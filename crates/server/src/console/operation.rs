@@ -7,8 +7,9 @@
 //! Each action goes through the executor's operator methods, as API v1's do, with the signed-in
 //! token's holder as actor.
 //!
-//! Every form carries the record's attempt (fence) and status as the page showed them; an
-//! action on a record that has changed since is refused with the record as it now is, and
+//! Every form carries the record's attempt (fence), status and creation instant (`claimed_at`,
+//! which life of the key: a key purged and claimed again starts at attempt 1 again) as the page
+//! showed them; an action on a record that has changed since is refused with the record as it now is, and
 //! nothing changes. So is an action without a reason, one of a key of another tenant (not
 //! found, as a missing one), and one the record's state does not allow (the executor says why).
 
@@ -82,6 +83,8 @@ struct Page {
     href: String,
     status: String,
     fence: u64,
+    /// The record's `created_at` in milliseconds: which life of the key the page shows.
+    claimed_at: i64,
     tool: String,
     tool_version: String,
     tool_loaded: bool,
@@ -340,6 +343,7 @@ async fn render(
         href: view::operation_href(key.as_str()),
         status: record.status().as_str().to_string(),
         fence: record.fence,
+        claimed_at: record.created_at,
         tool: record.tool.clone(),
         tool_version: record.tool_version.clone(),
         tool_loaded: tool.is_some(),
@@ -406,6 +410,9 @@ pub struct ActionForm {
     /// The record's attempt and status as the page showed them.
     fence: Option<String>,
     status: Option<String>,
+    /// The record's creation instant as the page showed it (milliseconds); a form without it
+    /// is judged on attempt and status alone.
+    claimed_at: Option<String>,
     /// The fingerprint the approver reviewed.
     fingerprint: Option<String>,
     reason: Option<String>,
@@ -469,6 +476,19 @@ pub async fn act(
     // The page the form came from must still describe the record.
     let shown_fence = form.fence.as_deref().and_then(|f| f.parse::<u64>().ok());
     let shown_status = form.status.as_deref().unwrap_or("");
+    // A key purged and claimed again is at attempt 1 again: the creation instant tells the
+    // lives apart.
+    let other_life = form
+        .claimed_at
+        .as_deref()
+        .is_some_and(|c| c.trim().parse::<i64>().ok() != Some(record.created_at));
+    if other_life {
+        return refuse(
+            StatusCode::CONFLICT,
+            "The page was out of date: the operation was claimed again since (a new request under the same key). Nothing was done; review it and act again.".to_string(),
+        )
+        .await;
+    }
     if shown_fence != Some(record.fence) || shown_status != record.status().as_str() {
         return refuse(
             StatusCode::CONFLICT,

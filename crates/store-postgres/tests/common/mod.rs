@@ -138,6 +138,7 @@ pub fn step(current: &Record, next: RecordState, now: Millis, events: Vec<Event>
         expect: Expect {
             fence: current.fence,
             status: current.status(),
+            created_at: current.created_at,
             lease_expired_by: None,
             dispatch: None,
         },
@@ -163,6 +164,7 @@ pub fn takeover(current: &Record, worker: &str, now: Millis) -> Transition {
         expect: Expect {
             fence: current.fence,
             status: current.status(),
+            created_at: current.created_at,
             lease_expired_by: Some(now),
             dispatch: None,
         },
