@@ -147,8 +147,8 @@ pub(crate) const CLAIM: &str = concat!(
 /// (`idemgate_core::trace::encode`); `$22` and `$23` the new `expires_at` and `purge_at`, both
 /// NULL to keep the stored ones (a transition's expiry sets both or neither); `$24` the
 /// expected dispatch marker, NULL for any; `$25` the expected `created_at` (which life of the
-/// key). Returns the columns of [`unset_columns`] of the
-/// row it wrote (`read_written`), nothing when the expectation no longer held.
+/// key). Returns the columns of [`unset_columns`] of the row it wrote (`read_written`), nothing
+/// when the expectation no longer held.
 pub(crate) const TRANSITION: &str = concat!(
     "WITH upd AS (
         UPDATE operations SET
@@ -222,8 +222,8 @@ pub(crate) const CLAIM_BATCH: &str = concat!(
 /// parameters are those of [`TRANSITION`] as parallel arrays, `$1..$20`, sorted by (tenant,
 /// key) with no key twice, then each transition's trace entries to append `$21`, its new
 /// `expires_at` and `purge_at`, `$22` and `$23` (NULL to keep the stored ones), its expected
-/// dispatch marker `$24` and its expected `created_at` `$25`. Returns the position of each transition that applied, then the
-/// columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length
+/// dispatch marker `$24` and its expected `created_at` `$25`. Returns the position of each
+/// transition that applied, then the columns of its row it did not set ([`unset_columns`]). Positions past the arrays' length
 /// read NULL and match no row, so a batch may be sent with a statement for more rows than it
 /// has (the batcher rounds a batch of more than eight rows up to a power of two, so that a
 /// connection prepares a handful of these, not one per size).
