@@ -10,8 +10,9 @@
 //! Every form carries the record's attempt (fence), status and creation instant (`claimed_at`,
 //! which life of the key: a key purged and claimed again starts at attempt 1 again) as the page
 //! showed them; an action on a record that has changed since is refused with the record as it
-//! now is, and nothing changes. So is an action without a reason, one of a key of another tenant (not
-//! found, as a missing one), and one the record's state does not allow (the executor says why).
+//! now is, and nothing changes. So is an action without a reason, one of a key of another
+//! tenant (not found, as a missing one), and one the record's state does not allow (the
+//! executor says why).
 
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, State};
