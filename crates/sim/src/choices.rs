@@ -20,6 +20,8 @@ pub struct Choices {
     source: Source,
     /// Every draw as it was answered (already reduced below its bound).
     taken: Vec<u64>,
+    /// Whether the schedule plays keys' next lives (see [`Choices::with_lives`]).
+    lives: bool,
 }
 
 impl Choices {
@@ -27,6 +29,7 @@ impl Choices {
         Choices {
             source: Source::Seeded(SmallRng::seed_from_u64(seed)),
             taken: Vec::new(),
+            lives: false,
         }
     }
 
@@ -34,7 +37,25 @@ impl Choices {
         Choices {
             source: Source::Replay { draws, at: 0 },
             taken: Vec::new(),
+            lives: false,
         }
+    }
+
+    /// Lets the schedule play a key's next life: a delivery now and then picks a key a sweep
+    /// purged (a workflow resumed after the key's retention), a delivery's task may be held at
+    /// a write or a send until its key has been purged and claimed again (a worker paused
+    /// through the whole of its key's retention), and the downstreams forget a key when its
+    /// record is purged (they remember keys no longer than idemgate does, as docs/lifecycle.md
+    /// asks). A choice of the schedule, not of the stream, so that a stream recorded without it
+    /// (the kept schedules of `found_schedules_stay_fixed`) replays as it was found;
+    /// explorations turn it on.
+    pub fn with_lives(mut self, on: bool) -> Choices {
+        self.lives = on;
+        self
+    }
+
+    pub fn lives(&self) -> bool {
+        self.lives
     }
 
     /// A value below `n`. A bound of 0 or 1 leaves no choice and draws nothing, so such calls

@@ -103,6 +103,8 @@ mod sqlite {
 pub struct Failure {
     pub seed: u64,
     pub kind: StoreKind,
+    /// Whether the schedule played keys' next lives ([`Choices::with_lives`]).
+    pub lives: bool,
     pub violation: Violation,
     pub draws: Vec<u64>,
     pub original_draws: usize,
@@ -121,8 +123,8 @@ impl Failure {
         out.push_str(&format!(
             "\nschedule failed: {}\n\nfound by one thread after {} schedules ({:.2}s)\n\
              seed {} on {} ({} draws, shrunk to {} in {} replays, {:.1}s)\n\
-             replay the original:  IDEMGATE_SIM_SEED={} IDEMGATE_SIM_STORE={} cargo test -p idemgate-sim sim\n\
-             replay the shrunk:    IDEMGATE_SIM_DRAWS={} IDEMGATE_SIM_STORE={} cargo test -p idemgate-sim sim\n\n\
+             replay the original:  IDEMGATE_SIM_SEED={} IDEMGATE_SIM_STORE={} IDEMGATE_SIM_LIVES={} cargo test -p idemgate-sim sim\n\
+             replay the shrunk:    IDEMGATE_SIM_DRAWS={} IDEMGATE_SIM_STORE={} IDEMGATE_SIM_LIVES={} cargo test -p idemgate-sim sim\n\n\
              shrunk trace:\n",
             self.violation,
             self.found_after,
@@ -135,8 +137,10 @@ impl Failure {
             self.shrink_time.as_secs_f64(),
             self.seed,
             self.kind.as_str(),
+            u8::from(self.lives),
             choices::encode(&self.draws),
             self.kind.as_str(),
+            u8::from(self.lives),
         ));
         for line in &self.trace {
             out.push_str("  ");
@@ -158,17 +162,25 @@ pub fn shrink_failure(
     let started = Instant::now();
     let violation = first.violation.clone().expect("a failing run");
     let invariant = violation.invariant;
+    let lives = first.lives;
     let shrunk = shrink(first.draws.clone(), budget, |candidate| {
-        let r = run(catalog, kind, Choices::replay(candidate.to_vec()), false);
+        let choices = Choices::replay(candidate.to_vec()).with_lives(lives);
+        let r = run(catalog, kind, choices, false);
         match &r.violation {
             Some(v) if v.invariant == invariant => Some(r.draws),
             Some(_) | None => None,
         }
     });
-    let last = run(catalog, kind, Choices::replay(shrunk.draws.clone()), true);
+    let last = run(
+        catalog,
+        kind,
+        Choices::replay(shrunk.draws.clone()).with_lives(lives),
+        true,
+    );
     Failure {
         seed,
         kind,
+        lives,
         violation: last.violation.unwrap_or(violation),
         draws: shrunk.draws,
         original_draws: first.draws.len(),
@@ -202,6 +214,8 @@ pub struct Plan {
     pub shrink_budget: usize,
     /// Go on after a failure, shrinking only the first of each invariant.
     pub keep_going: bool,
+    /// Whether schedules play keys' next lives ([`Choices::with_lives`]).
+    pub lives: bool,
 }
 
 /// Runs schedules `first`, `first + stride`, … below `plan.count`, stopping at the first
@@ -224,7 +238,12 @@ pub fn explore(plan: Plan, first: u64, stride: u64, stop: &AtomicBool) -> Explor
         let kind = plan
             .forced
             .unwrap_or_else(|| store_for(seed, plan.sqlite_percent));
-        let r = run(&catalog, kind, Choices::seeded(seed), false);
+        let r = run(
+            &catalog,
+            kind,
+            Choices::seeded(seed).with_lives(plan.lives),
+            false,
+        );
         out.schedules += 1;
         out.by_store[kind as usize] += 1;
         out.stats.add(&r.stats);

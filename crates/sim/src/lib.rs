@@ -39,6 +39,7 @@
 //! | `IDEMGATE_SIM_DRAWS` | replay this draw list (as a failure report prints it) |
 //! | `IDEMGATE_SIM_SHRINK` | with `IDEMGATE_SIM_SEED`: also shrink it if it fails |
 //! | `IDEMGATE_SIM_SHRINK_BUDGET` | replays a shrink may try (default 2000) |
+//! | `IDEMGATE_SIM_LIVES` | `1` (default): schedules play keys' next lives (redeliveries of purged keys, tasks held until their key lives again, downstreams that forget purged keys; `Choices::with_lives`); `0`: not (how the schedules kept in `found_schedules_stay_fixed` were found) |
 //! | `IDEMGATE_SIM_KEEP_GOING` | go on after a failure; report the first of each invariant |
 //! | `IDEMGATE_SIM_TOLERATE` | invariants not to report (comma-separated): to explore past a known finding; never in CI |
 //!
@@ -48,8 +49,8 @@
 //! schedule's trace, one line per step:
 //!
 //! ```text
-//! IDEMGATE_SIM_SEED=2217980680143549128 IDEMGATE_SIM_STORE=mem cargo test -p idemgate-sim sim
-//! IDEMGATE_SIM_DRAWS=0x7.93.0.60.0x8.77 IDEMGATE_SIM_STORE=mem cargo test -p idemgate-sim sim
+//! IDEMGATE_SIM_SEED=2217980680143549128 IDEMGATE_SIM_STORE=mem IDEMGATE_SIM_LIVES=1 cargo test -p idemgate-sim sim
+//! IDEMGATE_SIM_DRAWS=0x7.93.0.60.0x8.77 IDEMGATE_SIM_STORE=mem IDEMGATE_SIM_LIVES=1 cargo test -p idemgate-sim sim
 //! ```
 //!
 //! The same seed gives the same trace, byte for byte (`same_seed_same_trace`), on either
@@ -111,10 +112,16 @@ pub fn main_from_env() {
     let catalog = workload::Catalog::new();
     let sqlite_percent = env_number("IDEMGATE_SIM_SQLITE_PERCENT", 3);
     let budget = env_number("IDEMGATE_SIM_SHRINK_BUDGET", 2_000) as usize;
+    let lives = match env("IDEMGATE_SIM_LIVES").as_deref().map(str::trim) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => panic!("IDEMGATE_SIM_LIVES={other}: use 1 or 0"),
+    };
     if let Some(text) = env("IDEMGATE_SIM_DRAWS") {
         let draws = choices::decode(&text).unwrap_or_else(|e| panic!("IDEMGATE_SIM_DRAWS: {e}"));
         let kind = forced_store().unwrap_or(StoreKind::Mem);
-        let run = explore::run(&catalog, kind, Choices::replay(draws), true);
+        let choices = Choices::replay(draws).with_lives(lives);
+        let run = explore::run(&catalog, kind, choices, true);
         print_replay(&run);
         return;
     }
@@ -124,7 +131,8 @@ pub fn main_from_env() {
             .parse()
             .unwrap_or_else(|_| panic!("IDEMGATE_SIM_SEED={text} is not a number"));
         let kind = forced_store().unwrap_or_else(|| explore::store_for(seed, sqlite_percent));
-        let run = explore::run(&catalog, kind, Choices::seeded(seed), true);
+        let choices = Choices::seeded(seed).with_lives(lives);
+        let run = explore::run(&catalog, kind, choices, true);
         if run.violation.is_some() && env("IDEMGATE_SIM_SHRINK").is_some() {
             let f = explore::shrink_failure(&catalog, seed, kind, &run, budget);
             panic!("{}", f.report());
@@ -148,6 +156,7 @@ pub fn main_from_env() {
         sqlite_percent,
         shrink_budget: budget,
         keep_going: env("IDEMGATE_SIM_KEEP_GOING").is_some(),
+        lives,
     };
     let started = Instant::now();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -28,6 +28,9 @@ use crate::runtime::{Point, Sim, block_on, yield_point};
 pub struct SimStore<S> {
     inner: Arc<S>,
     sim: Arc<Sim>,
+    /// Whether a purge on time also makes the downstreams forget the key
+    /// ([`Choices::with_lives`](crate::choices::Choices::with_lives)).
+    forget: bool,
 }
 
 impl<S> Clone for SimStore<S> {
@@ -35,6 +38,7 @@ impl<S> Clone for SimStore<S> {
         SimStore {
             inner: self.inner.clone(),
             sim: self.sim.clone(),
+            forget: self.forget,
         }
     }
 }
@@ -68,7 +72,19 @@ pub fn brief(state: &RecordState) -> String {
 
 impl<S: Store> SimStore<S> {
     pub fn new(inner: Arc<S>, sim: Arc<Sim>) -> SimStore<S> {
-        SimStore { inner, sim }
+        SimStore {
+            inner,
+            sim,
+            forget: false,
+        }
+    }
+
+    /// Makes a purge on time also clear the downstreams' memory of the key (what deduplication
+    /// and receipt lookups answer from), as a downstream that remembers keys no longer than
+    /// idemgate's retention would.
+    pub fn forgetting(mut self, on: bool) -> SimStore<S> {
+        self.forget = on;
+        self
     }
 
     pub fn inner(&self) -> &Arc<S> {
@@ -240,6 +256,11 @@ impl<S: Store> SimStore<S> {
             s.history.settled_at.remove(k);
             if *on_time {
                 s.history.purges.entry(k.clone()).or_default().push(step);
+                // A send still in flight from the life that ended is remembered until it lands: a
+                // downstream's window outlasts its slowest request.
+                if self.forget && s.history.ledger.in_flight.get(k).copied().unwrap_or(0) == 0 {
+                    s.history.ledger.first.remove(k);
+                }
             }
         }
         for e in early {

@@ -7,6 +7,8 @@
 //! sweep, act as an operator, revoke or restore an actor, move time, crash a process, start
 //! one. Operators are truthful: they resolve `applied` only with the ledger's reference of a
 //! committed key, and `not_applied` only when the ledger has no effect and no send in flight.
+//! With [`Choices::with_lives`] a delivery may also pick a purged key, and a polled task may
+//! be held until its key has been purged and claimed again.
 //!
 //! Quiescence turns faults off, moves time far past every lease, window and retention in
 //! three jumps, and runs recoverer passes and sweeps until nothing changes; after the first
@@ -30,7 +32,7 @@ use crate::checker::{self, Violation};
 use crate::choices::Choices;
 use crate::downstream::{Probe, SimDownstream, worker_of};
 use crate::history::{Answer, Call};
-use crate::runtime::{ProcessId, Runtime, Sim, SimClock, SimTimer, current};
+use crate::runtime::{ProcessId, Runtime, Sim, SimClock, SimTimer, TaskId, current};
 use crate::store::{SimStore, brief};
 use crate::workload::{Catalog, ENVIRONMENT, TENANT, Workload};
 
@@ -84,6 +86,8 @@ pub struct Run {
     pub draws: Vec<u64>,
     pub trace: Vec<String>,
     pub stats: Stats,
+    /// Whether the schedule played keys' next lives: a replay of `draws` needs the same.
+    pub lives: bool,
 }
 
 /// The recoverer's view of the tools: contract and downstream by name.
@@ -119,12 +123,19 @@ struct Schedule<'c, S: Store> {
     nodes: Vec<Node>,
     next_process: ProcessId,
     stats: Stats,
+    /// Whether the schedule plays keys' next lives ([`Choices::with_lives`]).
+    lives: bool,
+    /// The key of each delivery's task.
+    task_keys: BTreeMap<TaskId, OperationKey>,
+    /// Tasks held until their key lives again: the key and its purges when held.
+    held: BTreeMap<TaskId, (OperationKey, usize)>,
 }
 
 /// Runs one schedule on `inner`. The schedule is a function of `choices` alone.
 pub fn run<S: Store>(catalog: &Catalog, inner: Arc<S>, choices: Choices, trace: bool) -> Run {
+    let lives = choices.lives();
     let sim = Sim::new(choices, EPOCH, trace);
-    let store = SimStore::new(inner, sim.clone());
+    let store = SimStore::new(inner, sim.clone()).forgetting(lives);
     let workload = {
         let mut s = sim.lock();
         Workload::draw(&mut s.choices, catalog)
@@ -194,6 +205,9 @@ pub fn run<S: Store>(catalog: &Catalog, inner: Arc<S>, choices: Choices, trace: 
         nodes: Vec::new(),
         next_process: 0,
         stats: Stats::default(),
+        lives,
+        task_keys: BTreeMap::new(),
+        held: BTreeMap::new(),
     };
     let violation = schedule.main().err();
     // Every task is dropped before the history is read: futures hold parts of it.
@@ -219,6 +233,7 @@ pub fn run<S: Store>(catalog: &Catalog, inner: Arc<S>, choices: Choices, trace: 
         draws,
         trace,
         stats,
+        lives,
     }
 }
 
@@ -307,8 +322,35 @@ impl<S: Store> Schedule<'_, S> {
         }
     }
 
+    fn purges_of(&self, key: &OperationKey) -> usize {
+        self.sim.lock().history.purges.get(key).map_or(0, Vec::len)
+    }
+
+    /// The runnable tasks the scheduler may pick: a held task waits until its key was purged
+    /// and claimed again.
+    fn pickable(&mut self) -> Vec<TaskId> {
+        let mut runnable = self.sim.runnable();
+        if self.held.is_empty() {
+            return runnable;
+        }
+        let held: Vec<(TaskId, OperationKey, usize)> = self
+            .held
+            .iter()
+            .map(|(t, (k, n))| (*t, k.clone(), *n))
+            .collect();
+        for (task, key, purges) in held {
+            if self.purges_of(&key) > purges && self.store.peek(&key).is_some() {
+                self.held.remove(&task);
+                self.note(|| format!("T{task} released: {key} lives again"));
+            } else {
+                runnable.retain(|&t| t != task);
+            }
+        }
+        runnable
+    }
+
     fn poll_one(&mut self) {
-        let runnable = self.sim.runnable();
+        let runnable = self.pickable();
         if runnable.is_empty() {
             if let Some(at) = self.sim.next_timer() {
                 self.sim.advance_to(at);
@@ -318,6 +360,20 @@ impl<S: Store> Schedule<'_, S> {
         }
         let task = runnable[self.draw(runnable.len() as u64) as usize];
         let point = self.sim.parked_at(task);
+        if self.lives && point.crash_worthy() && self.draw(8) == 7 {
+            // Not while a send of the key is in flight: the hold stands for a worker paused
+            // between its steps, not for a request that takes a retention to land.
+            let key = self.task_keys.get(&task).cloned().filter(|k| {
+                let s = self.sim.lock();
+                s.history.ledger.in_flight.get(k).copied().unwrap_or(0) == 0
+            });
+            if let Some(key) = key {
+                let purges = self.purges_of(&key);
+                self.held.insert(task, (key, purges));
+                self.note(|| format!("T{task} held at {point:?} until its key's next life"));
+                return;
+            }
+        }
         if point.crash_worthy() && self.draw(12) == 11 {
             let process = self.rt.process_of(task);
             if let Some(node) = self.nodes.iter().position(|n| Some(n.id) == process) {
@@ -339,6 +395,22 @@ impl<S: Store> Schedule<'_, S> {
                 self.sim.lock().history.owners.insert(k, actor);
             }
             index = dup;
+        }
+        if self.lives && self.draw(3) == 2 {
+            let purged: Vec<usize> = {
+                let s = self.sim.lock();
+                (0..self.workload.steps.len())
+                    .filter(|&i| {
+                        self.workload.steps[i]
+                            .key
+                            .as_ref()
+                            .is_some_and(|k| s.history.purges.contains_key(k))
+                    })
+                    .collect()
+            };
+            if !purged.is_empty() {
+                index = purged[self.draw(purged.len() as u64) as usize];
+            }
         }
         let (arguments, how) = if self.workload.steps[index].step.starts_with("dup") {
             // The same intent under a new key: the same arguments.
@@ -381,6 +453,9 @@ impl<S: Store> Schedule<'_, S> {
             answered(&sim, Call::Deliver, key, outcome);
         });
         self.stats.deliveries += 1;
+        if let Some(key) = &step.key {
+            self.task_keys.insert(task, key.clone());
+        }
         let mut s = self.sim.lock();
         if keyless {
             s.history.keyless_tasks.insert(task);
