@@ -76,6 +76,12 @@ impl Log {
         (pages >= REWIND_AT && left <= REWIND_LEFT) || pages >= REWIND_ANYWAY_AT
     }
 
+    /// Whether the log has reached [`REWIND_ANYWAY_AT`] pages: a lone caller rewinds it before
+    /// its own write rather than leave it to a task that has not run.
+    pub(crate) fn overdue(&self) -> bool {
+        self.pages.load(Ordering::Relaxed) >= REWIND_ANYWAY_AT
+    }
+
     fn checkpointed(&self, result: rusqlite::Result<(i32, i32)>) {
         // A busy checkpointer lock (another process's checkpoint) or a reader on an old
         // snapshot only means less was copied; the next checkpoint does the rest.

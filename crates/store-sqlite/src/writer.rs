@@ -241,6 +241,13 @@ impl Writer {
             && let Some(conn) = self.shared.alone()
         {
             let finished = tokio::task::block_in_place(|| {
+                // The rewind handed to a blocking thread below has not run yet, and the log is
+                // as long as it may get (a starved machine: the checkpoint thread and that
+                // task both behind): rewind it here, before this write, so that the log stays
+                // bounded however the threads are scheduled.
+                if self.shared.log.overdue() {
+                    checkpoint::rewind(&self.shared.log, &conn);
+                }
                 let mut batch = Open::begin(&conn, 1);
                 batch.add(command);
                 batch.finish(&self.shared.counters)
