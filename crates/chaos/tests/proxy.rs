@@ -38,17 +38,20 @@ async fn create(State(t): State<Arc<Tickets>>, headers: HeaderMap) -> (StatusCod
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    // One lock over the check and the insert: two copies of one key arriving at once must
+    // not both create a ticket.
+    let mut created = t.created.lock().unwrap();
+    let mut by_key = t.by_key.lock().unwrap();
     if t.dedup
         && let Some(key) = &key
-        && let Some(id) = t.by_key.lock().unwrap().get(key)
+        && let Some(id) = by_key.get(key)
     {
         return (StatusCode::OK, Json(json!({"id": format!("t{id}")})));
     }
-    let mut created = t.created.lock().unwrap();
     let id = created.len() as u64 + 1;
     created.push((key.clone(), id));
     if let Some(key) = key {
-        t.by_key.lock().unwrap().insert(key, id);
+        by_key.insert(key, id);
     }
     (StatusCode::CREATED, Json(json!({"id": format!("t{id}")})))
 }
