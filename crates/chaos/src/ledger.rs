@@ -23,6 +23,8 @@ pub struct Upstream {
     pub error: Option<String>,
     /// The reference in a 2xx answer, at the configured pointer.
     pub reference: Option<String>,
+    /// The job id in a `202` answer, where a job pointer is configured.
+    pub job: Option<String>,
     /// Whether this answer shows an effect (see the module's documentation).
     pub commit: bool,
 }
@@ -86,6 +88,8 @@ pub struct KeySummary {
     pub commits: u64,
     /// The distinct references of those commits, in the order first seen.
     pub references: Vec<String>,
+    /// The distinct job ids the upstream accepted for the key, in the order first seen.
+    pub jobs: Vec<String>,
     /// What the caller was told, by label (`201`, `dropped`, …), and how often.
     pub told: BTreeMap<String, u64>,
     /// The faults applied, by name, and how often.
@@ -93,9 +97,10 @@ pub struct KeySummary {
 }
 
 impl KeySummary {
-    /// The key reached the upstream's commit with more than one reference.
+    /// The key reached the upstream's commit with more than one reference, or had more
+    /// than one job accepted.
     pub fn duplicate(&self) -> bool {
-        self.references.len() > 1
+        self.references.len() > 1 || self.jobs.len() > 1
     }
 }
 
@@ -151,11 +156,13 @@ impl Summary {
             );
             for key in &self.duplicates {
                 let told: Vec<String> = key.told.iter().map(|(t, n)| format!("{t}×{n}")).collect();
+                let mut named = key.references.clone();
+                named.extend(key.jobs.iter().map(|j| format!("job {j}")));
                 let _ = writeln!(
                     out,
                     "  {}: references {}; {} requests, {} forwarded, told {}",
                     key.key,
-                    key.references.join(", "),
+                    named.join(", "),
                     key.requests,
                     key.forwarded,
                     told.join(", ")
@@ -259,6 +266,11 @@ impl Ledger {
                     summary.references.push(reference.clone());
                 }
             }
+            for job in entry.upstream.iter().filter_map(|u| u.job.as_ref()) {
+                if !summary.jobs.contains(job) {
+                    summary.jobs.push(job.clone());
+                }
+            }
             *summary.told.entry(entry.told.label()).or_default() += 1;
             *summary.faults.entry(fault_name(&entry.fault)).or_default() += 1;
         }
@@ -358,6 +370,7 @@ mod tests {
                     status: Some(*status),
                     error: None,
                     reference: reference.map(str::to_string),
+                    job: None,
                     commit: (200..300).contains(status) && reference.is_some(),
                 })
                 .collect(),

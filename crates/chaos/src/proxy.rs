@@ -36,6 +36,9 @@ pub struct Config {
     pub header: String,
     /// JSON pointer (RFC 6901) to the effect's reference in an upstream's 2xx answer.
     pub reference: String,
+    /// JSON pointer to the job id in an upstream's `202` answer, for an upstream that accepts
+    /// jobs: two jobs accepted for one key are a duplicate too.
+    pub job_id: Option<String>,
     /// Faults: the seed, the rates and the scripted rules.
     pub faults: Faults,
     /// How long a forwarded request may take at the upstream.
@@ -54,6 +57,7 @@ impl Config {
             upstream: upstream.into(),
             header: "Idempotency-Key".into(),
             reference: "/id".into(),
+            job_id: None,
             faults: Faults::default(),
             upstream_timeout: Duration::from_secs(30),
             max_body: 16 << 20,
@@ -89,6 +93,7 @@ struct Shared {
     upstream: String,
     header: HeaderName,
     reference: String,
+    job_id: Option<String>,
     faults: Faults,
     /// Rules added while the proxy runs ([`Proxy::push_rule`]), checked before the configured
     /// ones. A std lock: held to copy or push, never across an await.
@@ -122,8 +127,12 @@ impl Proxy {
         let upstream = check_upstream(&config.upstream)?;
         let header = HeaderName::from_bytes(config.header.as_bytes())
             .map_err(|_| Error::Header(config.header.clone()))?;
-        if !(config.reference.is_empty() || config.reference.starts_with('/')) {
+        let pointer = |p: &str| p.is_empty() || p.starts_with('/');
+        if !pointer(&config.reference) {
             return Err(Error::Reference(config.reference));
+        }
+        if let Some(job_id) = config.job_id.as_deref().filter(|p| !pointer(p)) {
+            return Err(Error::Reference(job_id.to_string()));
         }
         config.faults.rates.check().map_err(Error::Rates)?;
         install_crypto_provider();
@@ -139,6 +148,7 @@ impl Proxy {
                 upstream,
                 header,
                 reference: config.reference,
+                job_id: config.job_id,
                 faults: config.faults,
                 extra: RwLock::default(),
                 client,
@@ -478,6 +488,7 @@ async fn forward(shared: &Shared, request: &Forward) -> (Upstream, Option<Answer
         status: None,
         error: Some(e),
         reference: None,
+        job: None,
         commit: false,
     };
     let response = match sent {
@@ -490,17 +501,22 @@ async fn forward(shared: &Shared, request: &Forward) -> (Upstream, Option<Answer
         Ok(b) => b,
         Err(e) => return (failed(describe(&e)), None),
     };
-    let reference = (200..300)
+    let json = (200..300)
         .contains(&status)
         .then(|| serde_json::from_slice::<Value>(&body).ok())
-        .flatten()
-        .and_then(|v| reference(&v, &shared.reference));
-    let commit = reference.is_some()
+        .flatten();
+    let found = json.as_ref().and_then(|v| reference(v, &shared.reference));
+    let job = match (&shared.job_id, status, &json) {
+        (Some(pointer), 202, Some(v)) => reference(v, pointer),
+        _ => None,
+    };
+    let commit = found.is_some()
         && !matches!(request.method, Method::GET | Method::HEAD | Method::OPTIONS);
     let record = Upstream {
         status: Some(status),
         error: None,
-        reference,
+        reference: found,
+        job,
         commit,
     };
     (
