@@ -246,6 +246,11 @@ impl Ledger {
         Arrival { seq, nth, at_ms }
     }
 
+    /// How many requests have arrived so far: every later request's `seq` is greater.
+    pub fn arrived(&self) -> u64 {
+        self.lock().seq
+    }
+
     /// Milliseconds since the ledger started.
     pub fn elapsed_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64

@@ -124,6 +124,22 @@ impl Probe {
         }
     }
 
+    /// What it expects, in general (a finding that ran says it for this contract).
+    pub fn expectation(self) -> &'static str {
+        match self {
+            Probe::AuthorizationHook => "the verification's actor allowed, an unknown actor denied",
+            Probe::FirstEffect => "one effect, answered with its reference",
+            Probe::Replay => "`replayed` with the first effect; nothing sent",
+            Probe::ReceiptLookup => "the first effect found by its key; nothing for a key never used",
+            Probe::SameKeyResend | Probe::ChangedRequestResend => "no second effect",
+            Probe::ChangedRequest => "`rejected`; nothing sent",
+            Probe::LostAnswer | Probe::ServerError | Probe::MalformedAnswer => {
+                "the one effect, or `unknown` where nothing settles it; never a second"
+            }
+            Probe::ConcurrentDeliveries | Probe::ConcurrentResends => "one effect",
+        }
+    }
+
     /// The most effects it can make, with the executor's resend after an ambiguous answer
     /// where the contract allows one.
     pub(crate) fn worst(self, session: &Session<'_>) -> u32 {
@@ -193,7 +209,7 @@ impl Probe {
             probe: self.id(),
             claims: self.claims(session),
             scenario: self.scenario().into(),
-            expected: String::new(),
+            expected: self.expectation().into(),
             observed: why,
             verdict: Verdict::NotChecked,
             effects: 0,
@@ -207,6 +223,8 @@ struct Draft {
     probe: Probe,
     expected: String,
     before: u32,
+    /// The proxy's last request before the probe: its evidence is what came after.
+    since: u64,
     evidence: Evidence,
 }
 
@@ -216,6 +234,7 @@ impl Draft {
             probe,
             expected: expected.into(),
             before: session.sent(),
+            since: session.proxy.ledger().arrived(),
             evidence: Evidence::default(),
         }
     }
@@ -229,9 +248,11 @@ impl Draft {
 
     fn done(mut self, session: &Session<'_>, verdict: Verdict, observed: impl Into<String>) -> Finding {
         for key in self.evidence.keys.clone() {
+            let entries = session.proxy.ledger().entries_for(&key);
+            let since = self.since;
             self.evidence
                 .exchanges
-                .extend(session.proxy.ledger().entries_for(&key));
+                .extend(entries.into_iter().filter(|e| e.seq > since));
         }
         self.evidence.exchanges.sort_by_key(|e| e.seq);
         Finding {

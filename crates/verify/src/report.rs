@@ -163,7 +163,7 @@ impl Report {
         let _ = writeln!(out, "# idemgate verify — run `{}`\n", self.run);
         let _ = writeln!(
             out,
-            "Started {} UTC. {} effects made of a budget of {}; {} claims refuted.\n",
+            "Started {}. {} effects made of a budget of {}; {} claims refuted.\n",
             self.started_at, self.effects, self.budget, self.refuted
         );
         let _ = writeln!(

@@ -309,10 +309,8 @@ pub(crate) fn answer(key: &OperationKey, outcome: &Outcome) -> Answer {
         via: "idemgate",
         outcome: outcome.status.as_str().to_string(),
         reference: outcome.effect_reference.clone(),
-        detail: outcome
-            .error
-            .as_ref()
-            .map(|e| format!("{}: {}", e.code.as_str(), e.message)),
+        // The code only: the message is the observation's, and evidence stays one line.
+        detail: outcome.error.as_ref().map(|e| e.code.as_str().to_string()),
     }
 }
 
