@@ -60,7 +60,11 @@ impl Fault {
 
     /// Reads `pass`, `drop`, `reset`, `delay` (for `default_delay`), `delay=2s`, `error` (for
     /// `default_status`), `error=503`, `duplicate` or `malformed`.
-    pub fn parse(text: &str, default_delay: Duration, default_status: u16) -> Result<Fault, String> {
+    pub fn parse(
+        text: &str,
+        default_delay: Duration,
+        default_status: u16,
+    ) -> Result<Fault, String> {
         let (name, value) = match text.split_once('=') {
             Some((name, value)) => (name, Some(value)),
             None => (text, None),
@@ -170,16 +174,18 @@ impl Rule {
                     Ok(n) if n >= 1 => rule.nth = Some(n),
                     _ => return Err(format!("`nth={n}`: a request number counts from 1")),
                 },
-                Some(("method", m)) if !m.is_empty() => {
-                    rule.method = Some(m.to_ascii_uppercase())
-                }
+                Some(("method", m)) if !m.is_empty() => rule.method = Some(m.to_ascii_uppercase()),
                 _ if fault.is_some() => {
-                    return Err(format!("`{word}`: a rule has one fault, and it has one already"));
+                    return Err(format!(
+                        "`{word}`: a rule has one fault, and it has one already"
+                    ));
                 }
                 _ => fault = Some(Fault::parse(word, default_delay, default_status)?),
             }
         }
-        rule.fault = fault.ok_or("a rule names its fault: pass, drop, reset, delay, error, duplicate or malformed")?;
+        rule.fault = fault.ok_or(
+            "a rule names its fault: pass, drop, reset, delay, error, duplicate or malformed",
+        )?;
         Ok(rule)
     }
 
@@ -219,12 +225,11 @@ pub fn parse_script(
         if line.is_empty() {
             continue;
         }
-        let rule = Rule::parse(line, default_delay, default_status).map_err(|message| {
-            ScriptError {
+        let rule =
+            Rule::parse(line, default_delay, default_status).map_err(|message| ScriptError {
                 line: i + 1,
                 message,
-            }
-        })?;
+            })?;
         rules.push(rule);
     }
     Ok(rules)
@@ -350,8 +355,7 @@ fn glob_match(pattern: &str, text: &str) -> bool {
         return pattern == text;
     }
     let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last)
-    {
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
         return false;
     }
     let mut rest = &text[first.len()..text.len() - last.len()];
@@ -377,11 +381,19 @@ mod tests {
         assert_eq!(parse("error"), Ok(Fault::Error(502)));
         assert_eq!(parse("error=503"), Ok(Fault::Error(503)));
         assert_eq!(parse("delay"), Ok(Fault::Delay(D)));
-        assert_eq!(parse("delay=250ms"), Ok(Fault::Delay(Duration::from_millis(250))));
+        assert_eq!(
+            parse("delay=250ms"),
+            Ok(Fault::Delay(Duration::from_millis(250)))
+        );
         assert!(parse("error=404").unwrap_err().contains("5xx"));
         assert!(parse("drop=1").unwrap_err().contains("no value"));
         assert!(parse("explode").unwrap_err().contains("not a fault"));
-        for fault in [Fault::Drop, Fault::Error(504), Fault::Delay(D), Fault::Malformed] {
+        for fault in [
+            Fault::Drop,
+            Fault::Error(504),
+            Fault::Delay(D),
+            Fault::Malformed,
+        ] {
             assert_eq!(parse(&fault.to_string()), Ok(fault));
         }
     }
@@ -395,10 +407,26 @@ mod tests {
         assert!(!rule.matches(Some("acme:prod:step-2"), 2, "POST"));
         assert!(!rule.matches(Some("acme:prod:step-1"), 2, "GET"));
         assert!(!rule.matches(None, 2, "POST"));
-        assert!(Rule::parse("nth=1", D, 502).unwrap_err().contains("names its fault"));
-        assert!(Rule::parse("nth=0 drop", D, 502).unwrap_err().contains("from 1"));
-        assert!(Rule::parse("drop reset", D, 502).unwrap_err().contains("one fault"));
-        let script = parse_script("# lose the first answer\nnth=1 drop\n\nnth=2 nope\n", D, 502);
+        assert!(
+            Rule::parse("nth=1", D, 502)
+                .unwrap_err()
+                .contains("names its fault")
+        );
+        assert!(
+            Rule::parse("nth=0 drop", D, 502)
+                .unwrap_err()
+                .contains("from 1")
+        );
+        assert!(
+            Rule::parse("drop reset", D, 502)
+                .unwrap_err()
+                .contains("one fault")
+        );
+        let script = parse_script(
+            "# lose the first answer\nnth=1 drop\n\nnth=2 nope\n",
+            D,
+            502,
+        );
         assert_eq!(script.unwrap_err().line, 4);
     }
 

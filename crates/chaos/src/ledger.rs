@@ -136,7 +136,11 @@ impl Summary {
             self.requests, self.keys, self.keyless, self.forwarded, self.commits
         );
         if !self.faults.is_empty() {
-            let faults: Vec<String> = self.faults.iter().map(|(f, n)| format!("{f} {n}")).collect();
+            let faults: Vec<String> = self
+                .faults
+                .iter()
+                .map(|(f, n)| format!("{f} {n}"))
+                .collect();
             let _ = writeln!(out, "faults: {}", faults.join(", "));
         }
         if self.unrecorded > 0 {
@@ -147,7 +151,10 @@ impl Summary {
             );
         }
         if self.duplicates.is_empty() {
-            let _ = writeln!(out, "no duplicate effects: no key committed twice with different references");
+            let _ = writeln!(
+                out,
+                "no duplicate effects: no key committed twice with different references"
+            );
         } else {
             let _ = writeln!(
                 out,
@@ -361,7 +368,13 @@ fn fault_name(fault: &str) -> String {
 mod tests {
     use super::*;
 
-    fn entry(arrival: Arrival, key: &str, fault: &str, answers: &[(u16, Option<&str>)], told: Told) -> Entry {
+    fn entry(
+        arrival: Arrival,
+        key: &str,
+        fault: &str,
+        answers: &[(u16, Option<&str>)],
+        told: Told,
+    ) -> Entry {
         Entry {
             seq: arrival.seq,
             key: Some(key.into()),
@@ -393,9 +406,21 @@ mod tests {
         let a2 = ledger.arrive(Some("a"));
         assert_eq!(a2.nth, 2);
         // A deduplicating upstream: the same reference again.
-        ledger.record(entry(a2, "a", "pass", &[(200, Some("t1"))], Told::Status(200)));
+        ledger.record(entry(
+            a2,
+            "a",
+            "pass",
+            &[(200, Some("t1"))],
+            Told::Status(200),
+        ));
         let b = ledger.arrive(Some("b"));
-        ledger.record(entry(b, "b", "duplicate", &[(201, Some("t2")), (201, Some("t3"))], Told::Status(201)));
+        ledger.record(entry(
+            b,
+            "b",
+            "duplicate",
+            &[(201, Some("t2")), (201, Some("t3"))],
+            Told::Status(201),
+        ));
         let c = ledger.arrive(Some("c"));
         ledger.record(entry(c, "c", "reset", &[], Told::Reset));
         let summary = ledger.summary();
@@ -420,7 +445,13 @@ mod tests {
         let ledger = Ledger::new(1);
         for _ in 0..3 {
             let a = ledger.arrive(Some("a"));
-            ledger.record(entry(a, "a", "pass", &[(201, Some("t1"))], Told::Status(201)));
+            ledger.record(entry(
+                a,
+                "a",
+                "pass",
+                &[(201, Some("t1"))],
+                Told::Status(201),
+            ));
         }
         assert_eq!(ledger.entries().len(), 1);
         assert_eq!(ledger.key("a").unwrap().commits, 3);

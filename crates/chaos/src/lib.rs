@@ -23,6 +23,8 @@ mod fault;
 mod ledger;
 mod proxy;
 
-pub use fault::{Fault, Faults, Rates, Rule, ScriptError, parse_duration, parse_script, parse_status};
+pub use fault::{
+    Fault, Faults, Rates, Rule, ScriptError, parse_duration, parse_script, parse_status,
+};
 pub use ledger::{Arrival, Entry, KeySummary, Ledger, Summary, Told, Upstream};
 pub use proxy::{Config, Error, Proxy};

@@ -262,8 +262,8 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, mut stopped: watch::
         let cutter = cutter.clone();
         hyper::service::service_fn(move |request| handle(shared.clone(), cutter.clone(), request))
     };
-    let mut conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), service);
+    let mut conn =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     let mut stopping = false;
     loop {
         tokio::select! {
@@ -344,7 +344,10 @@ async fn handle(
                 millis: started.elapsed().as_millis() as u64,
             };
             shared.ledger.record(entry);
-            return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large for the proxy"));
+            return Ok(plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is too large for the proxy",
+            ));
         }
     };
     let fault = decide(&shared, key.as_deref(), arrival.nth, parts.method.as_str());
@@ -427,10 +430,8 @@ async fn process(
     let (upstream, answer) = match fault {
         Fault::Reset => (Vec::new(), None),
         Fault::Duplicate => {
-            let (first, second) = tokio::join!(
-                forward(shared, &request),
-                forward(shared, &request)
-            );
+            let (first, second) =
+                tokio::join!(forward(shared, &request), forward(shared, &request));
             (vec![first.0, second.0], first.1)
         }
         Fault::Pass | Fault::Drop | Fault::Delay(_) | Fault::Error(_) | Fault::Malformed => {
@@ -444,7 +445,10 @@ async fn process(
         Fault::Error(status) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
             let body = r#"{"error": "an error injected by idemgate chaos after forwarding"}"#;
-            (Told::Status(status.as_u16()), Reply::Answer(json(status, body)))
+            (
+                Told::Status(status.as_u16()),
+                Reply::Answer(json(status, body)),
+            )
         }
         Fault::Malformed => {
             let body = "{\"truncated\": an answer broken by idemgate chaos";
@@ -510,8 +514,8 @@ async fn forward(shared: &Shared, request: &Forward) -> (Upstream, Option<Answer
         (Some(pointer), 202, Some(v)) => reference(v, pointer),
         _ => None,
     };
-    let commit = found.is_some()
-        && !matches!(request.method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let commit =
+        found.is_some() && !matches!(request.method, Method::GET | Method::HEAD | Method::OPTIONS);
     let record = Upstream {
         status: Some(status),
         error: None,

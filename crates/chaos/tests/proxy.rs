@@ -29,7 +29,10 @@ impl Tickets {
     }
     fn count_for(&self, key: &str) -> usize {
         let created = self.created.lock().unwrap();
-        created.iter().filter(|(k, _)| k.as_deref() == Some(key)).count()
+        created
+            .iter()
+            .filter(|(k, _)| k.as_deref() == Some(key))
+            .count()
     }
 }
 
@@ -204,7 +207,11 @@ async fn each_fault_does_what_it_says_to_the_caller_and_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deduplicating_upstream_absorbs_duplicates() {
     let (addr, tickets) = upstream(true).await;
-    let running = proxy(addr, scripted(&[("k", 1, Fault::Duplicate), ("k", 2, Fault::Drop)])).await;
+    let running = proxy(
+        addr,
+        scripted(&[("k", 1, Fault::Duplicate), ("k", 2, Fault::Drop)]),
+    )
+    .await;
     let first = post_ticket(&running.url, "k").await.unwrap();
     assert!(post_ticket(&running.url, "k").await.is_err());
     let third = post_ticket(&running.url, "k").await.unwrap();
@@ -222,7 +229,11 @@ async fn a_deduplicating_upstream_absorbs_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_request_reaches_the_upstream_after_its_caller_gave_up() {
     let (addr, tickets) = upstream(false).await;
-    let running = proxy(addr, scripted(&[("late", 1, Fault::Delay(Duration::from_millis(600)))])).await;
+    let running = proxy(
+        addr,
+        scripted(&[("late", 1, Fault::Delay(Duration::from_millis(600)))]),
+    )
+    .await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(100))
         .build()

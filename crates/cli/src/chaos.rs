@@ -16,7 +16,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use idemgate_chaos::{Config, Faults, Proxy, Rates, Rule, parse_duration, parse_script, parse_status};
+use idemgate_chaos::{
+    Config, Faults, Proxy, Rates, Rule, parse_duration, parse_script, parse_status,
+};
 use serde::Serialize;
 
 /// Flags of `idemgate chaos`.
@@ -93,10 +95,14 @@ struct LedgerFile {
 
 fn config(args: &ChaosArgs) -> anyhow::Result<Config> {
     let delay = parse_duration(&args.delay_for).map_err(|e| anyhow::anyhow!("--delay-for: {e}"))?;
-    let error_status = parse_status(&args.error_status).map_err(|e| anyhow::anyhow!("--error-status: {e}"))?;
+    let error_status =
+        parse_status(&args.error_status).map_err(|e| anyhow::anyhow!("--error-status: {e}"))?;
     let mut rules = Vec::new();
     for text in &args.rules {
-        rules.push(Rule::parse(text, delay, error_status).map_err(|e| anyhow::anyhow!("--rule {text:?}: {e}"))?);
+        rules.push(
+            Rule::parse(text, delay, error_status)
+                .map_err(|e| anyhow::anyhow!("--rule {text:?}: {e}"))?,
+        );
     }
     if let Some(path) = &args.script {
         let text = std::fs::read_to_string(path)
@@ -144,7 +150,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening on http://{bound}")?;
-        writeln!(out, "forwarding to {} (seed {})", proxy.upstream(), args.seed)?;
+        writeln!(
+            out,
+            "forwarding to {} (seed {})",
+            proxy.upstream(),
+            args.seed
+        )?;
         out.flush()?;
     }
     proxy
@@ -162,7 +173,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             entries: ledger.entries(),
         };
         let text = serde_json::to_string_pretty(&file)?;
-        std::fs::write(path, text).with_context(|| format!("--ledger: cannot write {}", path.display()))?;
+        std::fs::write(path, text)
+            .with_context(|| format!("--ledger: cannot write {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();
     write!(out, "{}", summary.render())?;

@@ -150,11 +150,13 @@ impl Arguments {
                 },
             };
             let bytes = match text.strip_prefix('@') {
-                Some(path) => std::fs::read(path)
-                    .with_context(|| format!("--args: cannot read {path}"))?,
+                Some(path) => {
+                    std::fs::read(path).with_context(|| format!("--args: cannot read {path}"))?
+                }
                 None => text.as_bytes().to_vec(),
             };
-            let parsed = json::parse(&bytes).map_err(|e| anyhow::anyhow!("--args is not strict JSON: {e}"))?;
+            let parsed = json::parse(&bytes)
+                .map_err(|e| anyhow::anyhow!("--args is not strict JSON: {e}"))?;
             if !parsed.is_object() {
                 bail!("--args: the arguments are a JSON object");
             }

@@ -49,7 +49,11 @@ fn claims(dedup: bool, lookup: bool) -> Claims {
 async fn an_honest_contract_exits_0_with_its_evidence_table() {
     let fake = FakeService::start(Behaviour::honest()).await;
     let dir = tempfile::tempdir().unwrap();
-    let contract = write(&dir, "tickets.yaml", &fake.contract("tickets.create", claims(true, true)));
+    let contract = write(
+        &dir,
+        "tickets.yaml",
+        &fake.contract("tickets.create", claims(true, true)),
+    );
     let report = dir.path().join("tickets.verify.md");
     let run = verify(vec![
         contract.clone(),
@@ -60,19 +64,30 @@ async fn an_honest_contract_exits_0_with_its_evidence_table() {
     .await;
     assert_eq!(run.code, 0, "{run:?}");
     // Before the first effect: where effects go and how many at most.
-    assert!(run.stderr.contains(&format!("effects to {}/tickets", fake.url())), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains(&format!("effects to {}/tickets", fake.url())),
+        "{}",
+        run.stderr
+    );
     assert!(run.stderr.contains("at most 10 effects"), "{}", run.stderr);
     let json = run.json();
     assert_eq!(json["schema"], 1);
     assert_eq!(json["refuted"], 0);
     assert_eq!(claim(&json, "deduplicates_by_key"), "confirmed");
     assert_eq!(claim(&json, "receipt_lookup"), "confirmed");
-    assert_eq!(json["contracts"][0]["decision"]["verified"]["decision"], "automate");
+    assert_eq!(
+        json["contracts"][0]["decision"]["verified"]["decision"],
+        "automate"
+    );
     let effects = json["effects"].as_u64().unwrap() as usize;
     assert!(effects <= 10);
     assert!(fake.effects().len() <= effects);
     let markdown = std::fs::read_to_string(&report).unwrap();
-    assert!(markdown.contains("| scenario | expected | observed | evidence to keep | verdict |"), "{markdown}");
+    assert!(
+        markdown.contains("| scenario | expected | observed | evidence to keep | verdict |"),
+        "{markdown}"
+    );
     assert!(markdown.contains("(`lost-answer`)"), "{markdown}");
     // Every effect is under one of the run's keys.
     let run_id = json["run"].as_str().unwrap();
@@ -85,7 +100,11 @@ async fn an_honest_contract_exits_0_with_its_evidence_table() {
 async fn a_refuted_claim_exits_1_and_names_the_two_effects() {
     let fake = FakeService::start(Behaviour::plain()).await;
     let dir = tempfile::tempdir().unwrap();
-    let contract = write(&dir, "tickets.yaml", &fake.contract("tickets.create", claims(true, false)));
+    let contract = write(
+        &dir,
+        "tickets.yaml",
+        &fake.contract("tickets.create", claims(true, false)),
+    );
     let run = verify(vec![contract, "--budget".into(), "4".into()]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(fake.effects().len() <= 4, "{:?}", fake.effects());
@@ -108,22 +127,46 @@ async fn a_refuted_claim_exits_1_and_names_the_two_effects() {
     for reference in &made[..2] {
         assert!(line.contains(reference.as_str()), "{line}");
     }
-    assert!(run.stdout.contains("keep manual until reconciliation exists"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("keep manual until reconciliation exists"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_production_url_needs_a_base_url_and_nothing_is_sent_before() {
     let fake = FakeService::start(Behaviour::honest()).await;
     let dir = tempfile::tempdir().unwrap();
-    let yaml = contract_at("https://tickets.example.com", "tickets.create", claims(true, true));
+    let yaml = contract_at(
+        "https://tickets.example.com",
+        "tickets.create",
+        claims(true, true),
+    );
     let contract = write(&dir, "tickets.yaml", &yaml);
     let refused = verify(vec![contract.clone()]).await;
     assert_eq!(refused.code, 2, "{refused:?}");
-    assert!(refused.stderr.contains("not a loopback address"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("not a loopback address"),
+        "{}",
+        refused.stderr
+    );
     assert!(refused.stderr.contains("--base-url"), "{}", refused.stderr);
-    let dry = verify(vec![contract.clone(), "--base-url".into(), fake.url(), "--dry-run".into()]).await;
+    let dry = verify(vec![
+        contract.clone(),
+        "--base-url".into(),
+        fake.url(),
+        "--dry-run".into(),
+    ])
+    .await;
     assert_eq!(dry.code, 0, "{dry:?}");
-    assert!(dry.stderr.contains(&format!("effects to {}/tickets", fake.url())), "{}", dry.stderr);
+    assert!(
+        dry.stderr
+            .contains(&format!("effects to {}/tickets", fake.url())),
+        "{}",
+        dry.stderr
+    );
     assert!(fake.effects().is_empty(), "a dry run makes no effect");
     let run = verify(vec![contract, "--base-url".into(), fake.url()]).await;
     assert_eq!(run.code, 0, "{run:?}");
@@ -134,8 +177,18 @@ async fn a_production_url_needs_a_base_url_and_nothing_is_sent_before() {
 async fn a_budget_of_zero_makes_no_effect() {
     let fake = FakeService::start(Behaviour::honest()).await;
     let dir = tempfile::tempdir().unwrap();
-    let contract = write(&dir, "tickets.yaml", &fake.contract("tickets.create", claims(true, true)));
-    let run = verify(vec![contract, "--budget".into(), "0".into(), "--json".into()]).await;
+    let contract = write(
+        &dir,
+        "tickets.yaml",
+        &fake.contract("tickets.create", claims(true, true)),
+    );
+    let run = verify(vec![
+        contract,
+        "--budget".into(),
+        "0".into(),
+        "--json".into(),
+    ])
+    .await;
     assert_eq!(run.code, 0, "{run:?}");
     assert!(fake.effects().is_empty());
     let json = run.json();
@@ -158,13 +211,26 @@ async fn a_budget_of_zero_makes_no_effect() {
 async fn bad_input_is_refused_naming_what_is_wrong_before_any_effect() {
     let fake = FakeService::start(Behaviour::honest()).await;
     let dir = tempfile::tempdir().unwrap();
-    let contract = write(&dir, "tickets.yaml", &fake.contract("tickets.create", claims(true, true)));
+    let contract = write(
+        &dir,
+        "tickets.yaml",
+        &fake.contract("tickets.create", claims(true, true)),
+    );
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["--args".into(), "{not json".into()], "--args"),
-        (vec!["--args".into(), r#"{"subject": ""}"#.into()], "input schema"),
-        (vec!["--args".into(), r#"tickets.other={"subject": "x"}"#.into()], "tickets.other"),
+        (
+            vec!["--args".into(), r#"{"subject": ""}"#.into()],
+            "input schema",
+        ),
+        (
+            vec!["--args".into(), r#"tickets.other={"subject": "x"}"#.into()],
+            "tickets.other",
+        ),
         (vec!["--concurrency".into(), "1".into()], "--concurrency"),
-        (vec!["--probe-timeout".into(), "soon".into()], "--probe-timeout"),
+        (
+            vec!["--probe-timeout".into(), "soon".into()],
+            "--probe-timeout",
+        ),
         (vec!["--tenant".into(), "a:b".into()], "--tenant"),
         (vec!["--base-url".into(), "ftp://x".into()], "--base-url"),
     ];

@@ -122,7 +122,10 @@ impl Claim {
 
 /// How the contract says a lost answer is settled, in words; `None` when nothing settles it.
 pub(crate) fn recovery_path(cf: &ContractFile) -> Option<&'static str> {
-    match (cf.downstream.receipt_lookup, cf.downstream.deduplicates_by_key) {
+    match (
+        cf.downstream.receipt_lookup,
+        cf.downstream.deduplicates_by_key,
+    ) {
         (true, true) => Some("the receipt lookup (or a resend under the same key)"),
         (true, false) => Some("the receipt lookup"),
         (false, true) => Some("a resend under the same key"),
@@ -171,19 +174,35 @@ pub struct ClaimVerdict {
 /// Refuted when any probe refuted it, confirmed when some confirmed it and none refuted it,
 /// otherwise not checked.
 pub fn judge(claim: Claim, cf: &ContractFile, findings: &[Finding]) -> ClaimVerdict {
-    let bearing: Vec<&Finding> = findings.iter().filter(|f| f.claims.contains(&claim)).collect();
+    let bearing: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.claims.contains(&claim))
+        .collect();
     let probes = bearing.iter().map(|f| f.probe.to_string()).collect();
     let declared = claim.declared(cf);
     let named = |verdict: Verdict| -> Vec<&Finding> {
-        bearing.iter().copied().filter(|f| f.verdict == verdict).collect()
+        bearing
+            .iter()
+            .copied()
+            .filter(|f| f.verdict == verdict)
+            .collect()
     };
     let (verdict, reason) = if let Some(first) = named(Verdict::Refuted).first() {
-        (Verdict::Refuted, format!("{}: {}", first.probe, first.observed))
+        (
+            Verdict::Refuted,
+            format!("{}: {}", first.probe, first.observed),
+        )
     } else if !named(Verdict::Confirmed).is_empty() {
         let by: Vec<&str> = named(Verdict::Confirmed).iter().map(|f| f.probe).collect();
-        (Verdict::Confirmed, format!("confirmed by {}", by.join(", ")))
+        (
+            Verdict::Confirmed,
+            format!("confirmed by {}", by.join(", ")),
+        )
     } else if !declared {
-        (Verdict::NotChecked, "the contract does not claim it".to_string())
+        (
+            Verdict::NotChecked,
+            "the contract does not claim it".to_string(),
+        )
     } else if bearing.is_empty() {
         (Verdict::NotChecked, "no probe could check it".to_string())
     } else {

@@ -51,7 +51,6 @@ pub use probes::Probe;
 pub use report::{Answer, ContractReport, Evidence, Finding, Report, SCHEMA_VERSION};
 pub use target::Target;
 
-
 /// How a run is made.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -89,7 +88,12 @@ impl Default for Options {
 impl Options {
     /// Checks what a key is made of, naming the option that is wrong.
     pub fn check(&self, run: &str) -> Result<(), Error> {
-        let key = OperationKey::new(&self.tenant, &self.environment, &format!("verify-{run}-concurrent-deliveries"), "1");
+        let key = OperationKey::new(
+            &self.tenant,
+            &self.environment,
+            &format!("verify-{run}-concurrent-deliveries"),
+            "1",
+        );
         if let Err(e) = key {
             return Err(Error::Option {
                 name: "--tenant, --environment or --run",
@@ -170,7 +174,9 @@ pub fn plan(targets: &[Target], options: &Options, run: &str) -> String {
             out.push_str(&format!("    authorization hook {hook}\n"));
         }
         for other in &t.elsewhere {
-            out.push_str(&format!("    also {other} (another origin, left as written)\n"));
+            out.push_str(&format!(
+                "    also {other} (another origin, left as written)\n"
+            ));
         }
     }
     out
@@ -260,7 +266,10 @@ async fn verify_one(
 
 /// A time as RFC 3339 in UTC, to the second.
 fn utc(time: SystemTime) -> String {
-    let secs = time.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;

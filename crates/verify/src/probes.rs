@@ -109,13 +109,17 @@ impl Probe {
     /// The seed's scenario.
     pub fn scenario(self) -> &'static str {
         match self {
-            Probe::AuthorizationHook => "The authorization hook is asked about a known and an unknown actor",
+            Probe::AuthorizationHook => {
+                "The authorization hook is asked about a known and an unknown actor"
+            }
             Probe::FirstEffect => "Same key, same fingerprint, first call",
             Probe::Replay => "Same key, same fingerprint, second call",
             Probe::ReceiptLookup => "Receipt lookup by operation key",
             Probe::SameKeyResend => "Same key twice at the downstream",
             Probe::ChangedRequest => "Same key with changed material arguments",
-            Probe::ChangedRequestResend => "Same key with changed material arguments at the downstream",
+            Probe::ChangedRequestResend => {
+                "Same key with changed material arguments at the downstream"
+            }
             Probe::LostAnswer => "Same key, same fingerprint, first response is lost",
             Probe::ConcurrentDeliveries => "Concurrent deliveries of one key",
             Probe::ConcurrentResends => "Concurrent requests of one key at the downstream",
@@ -130,7 +134,9 @@ impl Probe {
             Probe::AuthorizationHook => "the verification's actor allowed, an unknown actor denied",
             Probe::FirstEffect => "one effect, answered with its reference",
             Probe::Replay => "`replayed` with the first effect; nothing sent",
-            Probe::ReceiptLookup => "the first effect found by its key; nothing for a key never used",
+            Probe::ReceiptLookup => {
+                "the first effect found by its key; nothing for a key never used"
+            }
             Probe::SameKeyResend | Probe::ChangedRequestResend => "no second effect",
             Probe::ChangedRequest => "`rejected`; nothing sent",
             Probe::LostAnswer | Probe::ServerError | Probe::MalformedAnswer => {
@@ -145,7 +151,10 @@ impl Probe {
     pub(crate) fn worst(self, session: &Session<'_>) -> u32 {
         let resend = u32::from(session.target.contract.deduplicates());
         match self {
-            Probe::AuthorizationHook | Probe::Replay | Probe::ReceiptLookup | Probe::ChangedRequest => 0,
+            Probe::AuthorizationHook
+            | Probe::Replay
+            | Probe::ReceiptLookup
+            | Probe::ChangedRequest => 0,
             Probe::SameKeyResend | Probe::ChangedRequestResend => 1,
             Probe::FirstEffect
             | Probe::LostAnswer
@@ -199,7 +208,9 @@ impl Probe {
             Probe::ConcurrentDeliveries => concurrent_deliveries(session, deadline).await,
             Probe::ConcurrentResends => concurrent_resends(session).await,
             Probe::ServerError => broken_answer(session, self, Fault::Error(502), deadline).await,
-            Probe::MalformedAnswer => broken_answer(session, self, Fault::Malformed, deadline).await,
+            Probe::MalformedAnswer => {
+                broken_answer(session, self, Fault::Malformed, deadline).await
+            }
         }
     }
 
@@ -246,7 +257,12 @@ impl Draft {
         }
     }
 
-    fn done(mut self, session: &Session<'_>, verdict: Verdict, observed: impl Into<String>) -> Finding {
+    fn done(
+        mut self,
+        session: &Session<'_>,
+        verdict: Verdict,
+        observed: impl Into<String>,
+    ) -> Finding {
         for key in self.evidence.keys.clone() {
             let entries = session.proxy.ledger().entries_for(&key);
             let since = self.since;
@@ -294,7 +310,11 @@ fn is_effect(outcome: &Outcome) -> bool {
 }
 
 fn quoted(items: &[String]) -> String {
-    items.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+    items
+        .iter()
+        .map(|i| format!("`{i}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 async fn authorization_hook(session: &mut Session<'_>) -> Finding {
@@ -315,7 +335,11 @@ async fn authorization_hook(session: &mut Session<'_>) -> Finding {
     let key = session.key("hook");
     draft.key(&key);
     let Ok(fingerprint) = contract.fingerprint(&session.target.arguments) else {
-        return draft.done(session, Verdict::NotChecked, "the arguments have no fingerprint");
+        return draft.done(
+            session,
+            Verdict::NotChecked,
+            "the arguments have no fingerprint",
+        );
     };
     let ask = |actor: String| {
         let key = key.clone();
@@ -343,7 +367,10 @@ async fn authorization_hook(session: &mut Session<'_>) -> Finding {
         Authorization::Denied(why) => format!("`{actor}` denied ({why})"),
         Authorization::Unavailable(why) => format!("`{actor}`: no answer ({why})"),
     };
-    draft.evidence.notes.push(describe(&options.actor, &allowed));
+    draft
+        .evidence
+        .notes
+        .push(describe(&options.actor, &allowed));
     draft.evidence.notes.push(describe(&denied_actor, &denied));
     match (&allowed, &denied) {
         (Authorization::Allowed, Authorization::Denied(_)) => draft.done(
@@ -397,12 +424,18 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
             format!("the downstream answered {status} with no usable reference at `{pointer}`: idemgate cannot tell that answer from a failure, so every call goes to recovery"),
         );
     }
-    let references: Vec<&String> = committed.iter().filter(|r| !r.starts_with("job ")).collect();
+    let references: Vec<&String> = committed
+        .iter()
+        .filter(|r| !r.starts_with("job "))
+        .collect();
     if references.len() > 1 || committed.iter().filter(|r| r.starts_with("job ")).count() > 1 {
         return draft.done(
             session,
             Verdict::Refuted,
-            format!("one delivery made more than one effect: {}", quoted(&committed)),
+            format!(
+                "one delivery made more than one effect: {}",
+                quoted(&committed)
+            ),
         );
     }
     match outcome.status {
@@ -414,10 +447,13 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
                 return draft.done(
                     session,
                     Verdict::Refuted,
-                    format!("idemgate answered `{reference}`, the downstream's answer named `{other}`"),
+                    format!(
+                        "idemgate answered `{reference}`, the downstream's answer named `{other}`"
+                    ),
                 );
             }
-            let mut observed = format!("`{}` with reference `{reference}`", outcome.status.as_str());
+            let mut observed =
+                format!("`{}` with reference `{reference}`", outcome.status.as_str());
             let mut verdict = Verdict::Confirmed;
             if jobs {
                 match &settled.job_id {
@@ -433,13 +469,19 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
                             .push(format!("job `{job_id}`, polled again: {polled:?}"));
                         if reference_polled.as_deref() != Some(reference.as_str()) {
                             verdict = Verdict::Refuted;
-                            observed = format!("job `{job_id}` settled as `{reference}`, but its poll now answers {polled:?}");
+                            observed = format!(
+                                "job `{job_id}` settled as `{reference}`, but its poll now answers {polled:?}"
+                            );
                         } else {
-                            observed = format!("202 with job `{job_id}`, polled to its end: `{reference}`, as its poll says");
+                            observed = format!(
+                                "202 with job `{job_id}`, polled to its end: `{reference}`, as its poll says"
+                            );
                         }
                     }
                     None => {
-                        observed.push_str(" at once (no job to follow: the downstream did not answer 202)");
+                        observed.push_str(
+                            " at once (no job to follow: the downstream did not answer 202)",
+                        );
                     }
                 }
             }
@@ -451,7 +493,11 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
             draft.done(session, verdict, observed)
         }
         Status::Unknown => {
-            let why = outcome.error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+            let why = outcome
+                .error
+                .as_ref()
+                .map(|e| e.message.clone())
+                .unwrap_or_default();
             draft.done(
                 session,
                 Verdict::NotChecked,
@@ -460,7 +506,11 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
         }
         Status::Rejected => {
             let code = outcome.error.as_ref().map(|e| e.code);
-            let message = outcome.error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+            let message = outcome
+                .error
+                .as_ref()
+                .map(|e| e.message.clone())
+                .unwrap_or_default();
             let hint = match code {
                 Some(ErrorCode::Forbidden | ErrorCode::AuthorizationUnavailable) => {
                     "the authorization hook refused the verification's actor: pass --actor"
@@ -525,16 +575,26 @@ async fn replay(session: &mut Session<'_>) -> Finding {
     draft.evidence.answers.push(answer(&first.key, &outcome));
     let sent = session.sent() - before;
     if sent > 0 {
-        return draft.done(session, Verdict::Refuted, format!("idemgate sent the request again ({sent} times)"));
+        return draft.done(
+            session,
+            Verdict::Refuted,
+            format!("idemgate sent the request again ({sent} times)"),
+        );
     }
     match (outcome.status, &outcome.effect_reference) {
-        (Status::Replayed, Some(r)) if *r == first.reference => {
-            draft.done(session, Verdict::Confirmed, format!("`replayed` with `{r}`, nothing sent"))
-        }
+        (Status::Replayed, Some(r)) if *r == first.reference => draft.done(
+            session,
+            Verdict::Confirmed,
+            format!("`replayed` with `{r}`, nothing sent"),
+        ),
         (Status::Applied | Status::Replayed, r) => draft.done(
             session,
             Verdict::Refuted,
-            format!("`{}` with {r:?}, not the first effect's `{}`", outcome.status.as_str(), first.reference),
+            format!(
+                "`{}` with {r:?}, not the first effect's `{}`",
+                outcome.status.as_str(),
+                first.reference
+            ),
         ),
         (status, _) => draft.done(
             session,
@@ -556,7 +616,10 @@ async fn receipt_lookup(session: &mut Session<'_>) -> Finding {
     let never = session.key("never-used");
     let first = session.first.clone();
     let expected = match &first {
-        Some(f) => format!("finds `{}` by its key; finds nothing for a key never used", f.reference),
+        Some(f) => format!(
+            "finds `{}` by its key; finds nothing for a key never used",
+            f.reference
+        ),
         None => "finds nothing for a key never used".to_string(),
     };
     let mut draft = Draft::new(session, Probe::ReceiptLookup, expected);
@@ -575,9 +638,15 @@ async fn receipt_lookup(session: &mut Session<'_>) -> Finding {
         Lookup::Unavailable(why) => format!("no answer ({why})"),
     };
     if let Some(l) = &found {
-        draft.evidence.notes.push(format!("lookup of the first effect's key: {}", describe(l)));
+        draft
+            .evidence
+            .notes
+            .push(format!("lookup of the first effect's key: {}", describe(l)));
     }
-    draft.evidence.notes.push(format!("lookup of a key never used: {}", describe(&unused)));
+    draft
+        .evidence
+        .notes
+        .push(format!("lookup of a key never used: {}", describe(&unused)));
     let mut refuted = Vec::new();
     let mut unchecked = Vec::new();
     let mut found_ok = false;
@@ -622,7 +691,12 @@ async fn receipt_lookup(session: &mut Session<'_>) -> Finding {
 
 /// What a deduplicating downstream's answer to a repeat under a used key says about a second
 /// effect: `Some(verdict, observation)`, or `None` when it says nothing.
-fn judge_repeat(session: &Session<'_>, key: &OperationKey, first: &First, outcome: &EffectOutcome) -> (Verdict, String) {
+fn judge_repeat(
+    session: &Session<'_>,
+    key: &OperationKey,
+    first: &First,
+    outcome: &EffectOutcome,
+) -> (Verdict, String) {
     let status = last_effect_status(session, key)
         .map(|s| s.to_string())
         .unwrap_or_else(|| "no status".into());
@@ -665,12 +739,18 @@ async fn same_key_resend(session: &mut Session<'_>) -> Finding {
     let mut draft = Draft::new(
         session,
         Probe::SameKeyResend,
-        format!("the first effect `{}` again, or a refusal: no second effect", first.reference),
+        format!(
+            "the first effect `{}` again, or a refusal: no second effect",
+            first.reference
+        ),
     );
     draft.key(&first.key);
     let arguments = session.target.arguments.clone();
     let outcome = session.send(&first.key, &arguments).await;
-    draft.evidence.answers.push(sent_answer(&first.key, &outcome));
+    draft
+        .evidence
+        .answers
+        .push(sent_answer(&first.key, &outcome));
     let (verdict, observed) = judge_repeat(session, &first.key, &first, &outcome);
     draft.done(session, verdict, observed)
 }
@@ -686,23 +766,40 @@ async fn changed_request(session: &mut Session<'_>) -> Finding {
     );
     draft.key(&first.key);
     let Some((field, changed)) = crate::sample::changed(contract, &arguments) else {
-        return draft.done(session, Verdict::NotChecked, "no material field can change within the input schema");
+        return draft.done(
+            session,
+            Verdict::NotChecked,
+            "no material field can change within the input schema",
+        );
     };
-    if let (Ok(stored), Ok(incoming)) = (contract.fingerprint(&arguments), contract.fingerprint(&changed)) {
-        draft.evidence.fingerprints.push(stored.as_str().to_string());
-        draft.evidence.fingerprints.push(incoming.as_str().to_string());
+    if let (Ok(stored), Ok(incoming)) = (
+        contract.fingerprint(&arguments),
+        contract.fingerprint(&changed),
+    ) {
+        draft
+            .evidence
+            .fingerprints
+            .push(stored.as_str().to_string());
+        draft
+            .evidence
+            .fingerprints
+            .push(incoming.as_str().to_string());
     }
     draft.evidence.notes.push(format!("`{field}` changed"));
     let before = session.sent();
     let outcome = session.deliver("first", &changed).await;
     draft.evidence.answers.push(answer(&first.key, &outcome));
     let sent = session.sent() - before;
-    let mismatch = outcome.error_code() == Some(ErrorCode::IdempotencyKeyReusedWithDifferentRequest);
+    let mismatch =
+        outcome.error_code() == Some(ErrorCode::IdempotencyKeyReusedWithDifferentRequest);
     if sent > 0 || is_effect(&outcome) {
         return draft.done(
             session,
             Verdict::Refuted,
-            format!("`{}` after sending {sent} requests: a changed request borrowed the key", outcome.status.as_str()),
+            format!(
+                "`{}` after sending {sent} requests: a changed request borrowed the key",
+                outcome.status.as_str()
+            ),
         );
     }
     match (outcome.status, mismatch) {
@@ -726,15 +823,25 @@ async fn changed_request_resend(session: &mut Session<'_>) -> Finding {
     let mut draft = Draft::new(
         session,
         Probe::ChangedRequestResend,
-        format!("a refusal, or the first effect `{}`: no second effect", first.reference),
+        format!(
+            "a refusal, or the first effect `{}`: no second effect",
+            first.reference
+        ),
     );
     draft.key(&first.key);
     let Some((field, changed)) = crate::sample::changed(contract, &arguments) else {
-        return draft.done(session, Verdict::NotChecked, "no material field can change within the input schema");
+        return draft.done(
+            session,
+            Verdict::NotChecked,
+            "no material field can change within the input schema",
+        );
     };
     draft.evidence.notes.push(format!("`{field}` changed"));
     let outcome = session.send(&first.key, &changed).await;
-    draft.evidence.answers.push(sent_answer(&first.key, &outcome));
+    draft
+        .evidence
+        .answers
+        .push(sent_answer(&first.key, &outcome));
     let (verdict, observed) = judge_repeat(session, &first.key, &first, &outcome);
     let observed = match verdict {
         Verdict::Refuted => format!("accepted a changed request under a used key — {observed}"),
@@ -745,11 +852,18 @@ async fn changed_request_resend(session: &mut Session<'_>) -> Finding {
 
 /// The downstream commits, and the answer is lost (`Drop`), replaced by a 5xx (`Error`) or
 /// broken (`Malformed`) on its way back.
-async fn broken_answer(session: &mut Session<'_>, probe: Probe, fault: Fault, deadline: Instant) -> Finding {
+async fn broken_answer(
+    session: &mut Session<'_>,
+    probe: Probe,
+    fault: Fault,
+    deadline: Instant,
+) -> Finding {
     let cf = &session.target.contract.file;
     let path = recovery_path(cf);
     let expected = match path {
-        Some(path) => format!("settled by {path}: `applied` or `replayed` naming the one effect the downstream committed"),
+        Some(path) => format!(
+            "settled by {path}: `applied` or `replayed` naming the one effect the downstream committed"
+        ),
         None => "`unknown`: nothing can prove the effect, and nothing is sent again".to_string(),
     };
     let mut draft = Draft::new(session, probe, expected);
@@ -773,14 +887,20 @@ async fn broken_answer(session: &mut Session<'_>, probe: Probe, fault: Fault, de
         return draft.done(
             session,
             Verdict::NotChecked,
-            format!("the downstream did not commit the request whose answer was to be broken ({})", first_status.map_or("no answer".into(), |s| s.to_string())),
+            format!(
+                "the downstream did not commit the request whose answer was to be broken ({})",
+                first_status.map_or("no answer".into(), |s| s.to_string())
+            ),
         );
     }
     if committed.len() > 1 {
         return draft.done(
             session,
             Verdict::Refuted,
-            format!("one key reached the downstream's commit twice: {}", quoted(&committed)),
+            format!(
+                "one key reached the downstream's commit twice: {}",
+                quoted(&committed)
+            ),
         );
     }
     let outcome = &settled.outcome;
@@ -854,8 +974,14 @@ async fn concurrent_deliveries(session: &mut Session<'_>, deadline: Instant) -> 
         let workflow = session.workflow(probe);
         let arguments = arguments.clone();
         calls.spawn(async move {
-            app.invoke(caller, &tool, Some(workflow), Some(crate::session::STEP.into()), arguments)
-                .await
+            app.invoke(
+                caller,
+                &tool,
+                Some(workflow),
+                Some(crate::session::STEP.into()),
+                arguments,
+            )
+            .await
         });
     }
     let mut answers = Vec::new();
@@ -864,7 +990,10 @@ async fn concurrent_deliveries(session: &mut Session<'_>, deadline: Instant) -> 
             answers.push(outcome);
         }
     }
-    let applied = answers.iter().filter(|o| o.status == Status::Applied).count();
+    let applied = answers
+        .iter()
+        .filter(|o| o.status == Status::Applied)
+        .count();
     let mut references = Vec::new();
     for outcome in answers {
         let settled = session.settle(&key, outcome, deadline).await;
@@ -879,11 +1008,19 @@ async fn concurrent_deliveries(session: &mut Session<'_>, deadline: Instant) -> 
     let committed = session.committed(&key);
     if committed.len() > 1 || references.len() > 1 {
         let mut all = committed.clone();
-        all.extend(references.iter().filter(|r| !committed.contains(r)).cloned());
+        all.extend(
+            references
+                .iter()
+                .filter(|r| !committed.contains(r))
+                .cloned(),
+        );
         return draft.done(
             session,
             Verdict::Refuted,
-            format!("{n} deliveries of one key made or named more than one effect: {}", quoted(&all)),
+            format!(
+                "{n} deliveries of one key made or named more than one effect: {}",
+                quoted(&all)
+            ),
         );
     }
     if applied > 1 {
@@ -912,7 +1049,9 @@ async fn concurrent_resends(session: &mut Session<'_>) -> Finding {
     let mut draft = Draft::new(
         session,
         Probe::ConcurrentResends,
-        format!("{n} requests of one key at once: one effect (the others answer it, or are refused)"),
+        format!(
+            "{n} requests of one key at once: one effect (the others answer it, or are refused)"
+        ),
     );
     let key = session.key(Probe::ConcurrentResends.id());
     draft.key(&key);
@@ -940,7 +1079,11 @@ async fn concurrent_resends(session: &mut Session<'_>) -> Finding {
         }
     }
     match effects.len() {
-        0 => draft.done(session, Verdict::NotChecked, "no request committed: nothing can be concluded"),
+        0 => draft.done(
+            session,
+            Verdict::NotChecked,
+            "no request committed: nothing can be concluded",
+        ),
         1 => draft.done(
             session,
             Verdict::Confirmed,
@@ -949,7 +1092,10 @@ async fn concurrent_resends(session: &mut Session<'_>) -> Finding {
         k => draft.done(
             session,
             Verdict::Refuted,
-            format!("{n} requests of one key at once made {k} effects: {}", quoted(&effects)),
+            format!(
+                "{n} requests of one key at once made {k} effects: {}",
+                quoted(&effects)
+            ),
         ),
     }
 }

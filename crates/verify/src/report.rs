@@ -174,7 +174,11 @@ impl Report {
         for c in &self.contracts {
             let _ = writeln!(out, "## `{}` version `{}`\n", c.tool, c.version);
             let _ = writeln!(out, "- contract: `{}` ({})", c.file, c.effect_class);
-            let _ = writeln!(out, "- downstream: `{}` (effect `{}`)", c.base_url, c.effect_url);
+            let _ = writeln!(
+                out,
+                "- downstream: `{}` (effect `{}`)",
+                c.base_url, c.effect_url
+            );
             let _ = writeln!(out, "- effects made: {}\n", c.effects);
             let _ = writeln!(out, "### Claims\n");
             let _ = writeln!(out, "| claim | the contract says | verdict | why |");

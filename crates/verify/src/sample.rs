@@ -16,7 +16,12 @@ pub fn arguments(contract: &Contract, run: &str) -> Result<Value, String> {
     let mut wanted: Vec<String> = schema
         .get("required")
         .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|r| {
+            r.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
     for field in material_fields(contract) {
         if !wanted.contains(&field) {
@@ -63,7 +68,11 @@ fn value_for(schema: &Value, run: &str) -> Result<Value, String> {
     if let Some(value) = schema.get("default").or_else(|| schema.get("const")) {
         return Ok(value.clone());
     }
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
         return Ok(first.clone());
     }
     let kind = match schema.get("type") {
@@ -87,7 +96,11 @@ fn value_for(schema: &Value, run: &str) -> Result<Value, String> {
                 (None, Some(hi)) if hi < 1.0 => hi,
                 (None, _) => 1.0,
             };
-            Ok(if kind == "integer" { json!(n.ceil() as i64) } else { json!(n) })
+            Ok(if kind == "integer" {
+                json!(n.ceil() as i64)
+            } else {
+                json!(n)
+            })
         }
         "boolean" => Ok(json!(false)),
         "array" => match schema.get("minItems").and_then(Value::as_u64) {
@@ -114,10 +127,12 @@ fn value_for(schema: &Value, run: &str) -> Result<Value, String> {
 
 /// `minimum` (or an exclusive one, moved by `step`) as a number.
 fn bound(schema: &Value, inclusive: &str, exclusive: &str, step: f64) -> Option<f64> {
-    schema
-        .get(inclusive)
-        .and_then(Value::as_f64)
-        .or_else(|| schema.get(exclusive).and_then(Value::as_f64).map(|b| b + step))
+    schema.get(inclusive).and_then(Value::as_f64).or_else(|| {
+        schema
+            .get(exclusive)
+            .and_then(Value::as_f64)
+            .map(|b| b + step)
+    })
 }
 
 fn string_for(schema: &Value, run: &str) -> Result<Value, String> {
@@ -133,7 +148,10 @@ fn string_for(schema: &Value, run: &str) -> Result<Value, String> {
         _ => format!("idemgate verify {run}"),
     };
     let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
-    let max = schema.get("maxLength").and_then(Value::as_u64).map(|m| m as usize);
+    let max = schema
+        .get("maxLength")
+        .and_then(Value::as_u64)
+        .map(|m| m as usize);
     let mut text: String = match max {
         Some(max) => text.chars().take(max).collect(),
         None => text,
@@ -147,15 +165,23 @@ fn string_for(schema: &Value, run: &str) -> Result<Value, String> {
 /// A copy of `arguments` with one material field changed so that the fingerprint differs:
 /// the field's name and the copy, or `None` when no field can change within the schema.
 pub fn changed(contract: &Contract, arguments: &Value) -> Option<(String, Value)> {
-    let properties = contract.input_schema.get("properties").and_then(Value::as_object);
+    let properties = contract
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object);
     let before = contract.fingerprint(arguments).ok()?;
     for field in material_fields(contract) {
-        let schema = properties.and_then(|p| p.get(&field)).cloned().unwrap_or(Value::Bool(true));
+        let schema = properties
+            .and_then(|p| p.get(&field))
+            .cloned()
+            .unwrap_or(Value::Bool(true));
         let current = arguments.get(&field).cloned().unwrap_or(Value::Null);
         for candidate in alternatives(&schema, &current) {
             let mut copy = arguments.clone();
             copy.as_object_mut()?.insert(field.clone(), candidate);
-            let differs = contract.fingerprint(&copy).is_ok_and(|after| after != before);
+            let differs = contract
+                .fingerprint(&copy)
+                .is_ok_and(|after| after != before);
             if differs && contract.validate(&copy).is_ok() {
                 return Some((field, copy));
             }
@@ -171,7 +197,10 @@ fn alternatives(schema: &Value, current: &Value) -> Vec<Value> {
     }
     match current {
         Value::String(s) => {
-            let mut shorter: String = s.chars().take(s.chars().count().saturating_sub(1)).collect();
+            let mut shorter: String = s
+                .chars()
+                .take(s.chars().count().saturating_sub(1))
+                .collect();
             shorter.push(if s.ends_with('y') { 'z' } else { 'y' });
             vec![json!(format!("{s} (changed)")), json!(shorter)]
         }
@@ -235,7 +264,10 @@ mod tests {
         let args = json!({"s": "abc", "k": "a"});
         let (field, copy) = changed(&c, &args).unwrap();
         assert_eq!((field.as_str(), &copy["s"]), ("s", &json!("aby")));
-        let fixed = contract(r#"{type: object, properties: {k: {type: string, enum: [a]}}}"#, "[k]");
+        let fixed = contract(
+            r#"{type: object, properties: {k: {type: string, enum: [a]}}}"#,
+            "[k]",
+        );
         assert_eq!(changed(&fixed, &json!({"k": "a"})), None);
     }
 }

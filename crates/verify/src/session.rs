@@ -90,7 +90,8 @@ impl<'a> Session<'a> {
                 .map(str::to_string)
         };
         let mut config = Config::new(target.base.clone());
-        config.header = pointer(&["idempotency_header"]).unwrap_or_else(|| "Idempotency-Key".into());
+        config.header =
+            pointer(&["idempotency_header"]).unwrap_or_else(|| "Idempotency-Key".into());
         config.reference = pointer(&["reference"]).unwrap_or_default();
         config.job_id = pointer(&["job", "id"]);
         // The downstream's own timeout applies at the executor; the proxy waits a little
@@ -214,7 +215,12 @@ impl<'a> Session<'a> {
     /// Follows an operation until it settles or `deadline` passes: approves it when it
     /// awaits approval (the verification acts as the operator of its own operations), and
     /// reads its status — which polls an accepted job — while it is in flight.
-    pub async fn settle(&self, key: &OperationKey, answered: Outcome, deadline: Instant) -> Settled {
+    pub async fn settle(
+        &self,
+        key: &OperationKey,
+        answered: Outcome,
+        deadline: Instant,
+    ) -> Settled {
         let mut settled = Settled {
             outcome: answered.clone(),
             answered,

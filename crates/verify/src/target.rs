@@ -12,8 +12,8 @@
 use std::path::Path;
 
 use idemgate_core::contract::{Contract, ContractFile, EffectClass};
-use idemgate_downstream_http::HttpDownstream;
 use idemgate_core::effect::Downstream as _;
+use idemgate_downstream_http::HttpDownstream;
 use serde_json::Value;
 
 use crate::Error;
@@ -64,7 +64,9 @@ impl Target {
         let written = contract.file.clone();
         let effect_url = http_field(&written, &["url"]).ok_or_else(|| Error::Unsupported {
             file: file.clone(),
-            reason: "it has no `downstream.http` section: verify runs the contract's HTTP downstream".into(),
+            reason:
+                "it has no `downstream.http` section: verify runs the contract's HTTP downstream"
+                    .into(),
         })?;
         let (origin, _) = split_origin(&effect_url).ok_or_else(|| Error::Unsupported {
             file: file.clone(),
@@ -74,10 +76,7 @@ impl Target {
             Some(url) => check_base(url)?,
             None if is_loopback(&origin) => origin.clone(),
             None => {
-                return Err(Error::NotLoopback {
-                    file,
-                    origin,
-                });
+                return Err(Error::NotLoopback { file, origin });
             }
         };
         let moved = rebase_contract(&written, &origin, &base);
@@ -88,20 +87,23 @@ impl Target {
         })?;
         let arguments = match arguments {
             Some(arguments) => arguments,
-            None => crate::sample::arguments(&contract, run).map_err(|message| {
-                Error::Arguments {
+            None => {
+                crate::sample::arguments(&contract, run).map_err(|message| Error::Arguments {
                     tool: contract.name.clone(),
                     message,
-                }
-            })?,
+                })?
+            }
         };
         let refuse = |message: String| Error::Arguments {
             tool: contract.name.clone(),
             message,
         };
-        contract
-            .validate(&arguments)
-            .map_err(|e| refuse(format!("the arguments do not fit the input schema: {}", e.message)))?;
+        contract.validate(&arguments).map_err(|e| {
+            refuse(format!(
+                "the arguments do not fit the input schema: {}",
+                e.message
+            ))
+        })?;
         downstream.check(&arguments).map_err(refuse)?;
         let mut elsewhere = Vec::new();
         for path in [&["lookup", "url"][..], &["job", "poll_url"][..]] {
@@ -164,7 +166,11 @@ fn hook_field(cf: &ContractFile) -> Option<String> {
 fn rebase_contract(cf: &ContractFile, from: &str, to: &str) -> ContractFile {
     let mut cf = cf.clone();
     if let Some(http) = cf.downstream.http.as_mut() {
-        for path in [&["url"][..], &["lookup", "url"][..], &["job", "poll_url"][..]] {
+        for path in [
+            &["url"][..],
+            &["lookup", "url"][..],
+            &["job", "poll_url"][..],
+        ] {
             rebase_at(http, path, from, to);
         }
     }
@@ -225,9 +231,12 @@ pub(crate) fn split_origin(url: &str) -> Option<(String, String)> {
 /// query; without its trailing `/`.
 fn check_base(url: &str) -> Result<String, Error> {
     let bad = |reason: &str| Error::BaseUrl(format!("`{url}` {reason}"));
-    let (origin, rest) = split_origin(url).ok_or_else(|| bad("is not an http or https URL with a host"))?;
+    let (origin, rest) =
+        split_origin(url).ok_or_else(|| bad("is not an http or https URL with a host"))?;
     if rest.contains(['?', '#', '{']) {
-        return Err(bad("has a query, a fragment or a placeholder; give the scheme, host and an optional path prefix"));
+        return Err(bad(
+            "has a query, a fragment or a placeholder; give the scheme, host and an optional path prefix",
+        ));
     }
     Ok(format!("{origin}{}", rest.trim_end_matches('/')))
 }
@@ -240,7 +249,9 @@ pub(crate) fn is_loopback(origin: &str) -> bool {
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
     host == "localhost"
-        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -251,7 +262,10 @@ mod tests {
     fn origins_and_rebasing() {
         assert_eq!(
             split_origin("HTTPS://API.Example.com:8443/v1/tickets?x={a}"),
-            Some(("https://api.example.com:8443".into(), "/v1/tickets?x={a}".into()))
+            Some((
+                "https://api.example.com:8443".into(),
+                "/v1/tickets?x={a}".into()
+            ))
         );
         assert_eq!(split_origin("ftp://x/y"), None);
         assert_eq!(split_origin("http:///y"), None);
@@ -268,17 +282,29 @@ mod tests {
 
     #[test]
     fn loopback_hosts() {
-        for origin in ["http://127.0.0.1:9000", "http://localhost", "http://[::1]:80", "https://127.1.2.3"] {
+        for origin in [
+            "http://127.0.0.1:9000",
+            "http://localhost",
+            "http://[::1]:80",
+            "https://127.1.2.3",
+        ] {
             assert!(is_loopback(origin), "{origin}");
         }
-        for origin in ["https://api.example.com", "http://10.0.0.1:80", "http://localhost.example"] {
+        for origin in [
+            "https://api.example.com",
+            "http://10.0.0.1:80",
+            "http://localhost.example",
+        ] {
             assert!(!is_loopback(origin), "{origin}");
         }
     }
 
     #[test]
     fn base_urls() {
-        assert_eq!(check_base("https://staging.example/api/").unwrap(), "https://staging.example/api");
+        assert_eq!(
+            check_base("https://staging.example/api/").unwrap(),
+            "https://staging.example/api"
+        );
         assert!(check_base("staging.example").is_err());
         assert!(check_base("https://staging.example/?a=1").is_err());
     }

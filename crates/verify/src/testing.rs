@@ -236,7 +236,9 @@ pub fn contract_at(base: &str, name: &str, claims: Claims) -> String {
         "    url: {base}/{path}\n    reference: {reference}\n    error_message: /error\n    timeouts:\n      connect: 2s\n      total: 5s\n"
     );
     if claims.lookup {
-        http.push_str(&format!("    lookup:\n      url: {base}/tickets/by-key/{{operation_key}}\n"));
+        http.push_str(&format!(
+            "    lookup:\n      url: {base}/tickets/by-key/{{operation_key}}\n"
+        ));
     }
     if claims.jobs {
         http.push_str(&format!(
@@ -297,7 +299,13 @@ fn key_of(headers: &HeaderMap) -> Option<String> {
 
 /// A used key's answer, or `None` to make a new effect. Checked and recorded under one lock,
 /// except by [`Dedup::Racy`], which checks, pauses, and records apart.
-fn seen(shared: &Shared, table: &Table, key: &Option<String>, body: &Value, field: &str) -> Option<Response> {
+fn seen(
+    shared: &Shared,
+    table: &Table,
+    key: &Option<String>,
+    body: &Value,
+    field: &str,
+) -> Option<Response> {
     let behaviour = shared.behaviour;
     let key = key.as_ref()?;
     if behaviour.dedup == Dedup::Off {
@@ -305,8 +313,14 @@ fn seen(shared: &Shared, table: &Table, key: &Option<String>, body: &Value, fiel
     }
     let (first_body, reference) = table.by_key.get(key)?;
     if first_body == body || behaviour.changed == Changed::Replay {
-        let status = if field == "job_id" { StatusCode::ACCEPTED } else { StatusCode::OK };
-        return Some((status, Json(json!({field: reference, "status": "running"}))).into_response());
+        let status = if field == "job_id" {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::OK
+        };
+        return Some(
+            (status, Json(json!({field: reference, "status": "running"}))).into_response(),
+        );
     }
     match behaviour.changed {
         Changed::Refuse => Some(
@@ -321,7 +335,13 @@ fn seen(shared: &Shared, table: &Table, key: &Option<String>, body: &Value, fiel
 }
 
 /// Makes an effect under `key` (unless the key's answer is due), returning its reference.
-async fn effect(shared: &Shared, key: Option<String>, body: Value, field: &str, prefix: &str) -> Result<String, Response> {
+async fn effect(
+    shared: &Shared,
+    key: Option<String>,
+    body: Value,
+    field: &str,
+    prefix: &str,
+) -> Result<String, Response> {
     if shared.behaviour.dedup == Dedup::Racy {
         if let Some(answer) = seen(shared, &shared.table(), &key, &body, field) {
             return Err(answer);
@@ -342,13 +362,21 @@ async fn effect(shared: &Shared, key: Option<String>, body: Value, field: &str, 
         body: body.clone(),
     });
     if let Some(key) = key {
-        let first = table.by_key.get(&key).map(|(b, _)| b.clone()).unwrap_or(body);
+        let first = table
+            .by_key
+            .get(&key)
+            .map(|(b, _)| b.clone())
+            .unwrap_or(body);
         table.by_key.insert(key, (first, reference.clone()));
     }
     Ok(reference)
 }
 
-async fn create_ticket(State(shared): State<Arc<Shared>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn create_ticket(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let key = key_of(&headers);
     let reference = match effect(&shared, key, body.clone(), "ticket_id", "ticket-").await {
         Ok(r) => r,
@@ -370,11 +398,19 @@ async fn lookup_ticket(State(shared): State<Arc<Shared>>, Path(key): Path<String
         (LookupMode::Honest, Some((_, reference))) => {
             (StatusCode::OK, Json(json!({"ticket_id": reference}))).into_response()
         }
-        _ => (StatusCode::NOT_FOUND, Json(json!({"error": "no ticket for this key"}))).into_response(),
+        _ => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "no ticket for this key"})),
+        )
+            .into_response(),
     }
 }
 
-async fn create_report(State(shared): State<Arc<Shared>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn create_report(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let key = key_of(&headers);
     match effect(&shared, key, body, "job_id", "job-").await {
         Ok(job_id) => (
@@ -402,7 +438,10 @@ async fn poll_job(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> 
 
 async fn auth(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
     shared.table().hook_asked.push(body.clone());
-    let actor = body.get("actor").and_then(Value::as_str).unwrap_or_default();
+    let actor = body
+        .get("actor")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match shared.behaviour.hook {
         Hook::Down => StatusCode::SERVICE_UNAVAILABLE.into_response(),
         Hook::AllowAll => Json(json!({"allow": true})).into_response(),

@@ -31,7 +31,11 @@ impl Run {
     }
 
     fn probe(&self, id: &str) -> &idemgate_verify::Finding {
-        self.contract().probes.iter().find(|f| f.probe == id).unwrap()
+        self.contract()
+            .probes
+            .iter()
+            .find(|f| f.probe == id)
+            .unwrap()
     }
 
     fn decision(&self) -> Decision {
@@ -80,7 +84,10 @@ fn invariants(run: &Run, fake: &FakeService, budget: u32) {
     let markdown = run.report.markdown();
     let json = serde_json::to_value(&run.report).unwrap();
     for finding in &run.contract().probes {
-        assert!(markdown.contains(&format!("(`{}`)", finding.probe)), "{markdown}");
+        assert!(
+            markdown.contains(&format!("(`{}`)", finding.probe)),
+            "{markdown}"
+        );
     }
     assert_eq!(
         json["contracts"][0]["probes"].as_array().unwrap().len(),
@@ -100,7 +107,12 @@ fn claims(dedup: bool, lookup: bool) -> Claims {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_honest_deduplicating_downstream_confirms_every_claim() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let run = verify(&fake.contract("tickets.create", claims(true, true)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, true)),
+        None,
+        Options::default(),
+    )
+    .await;
     for claim in [
         Claim::Reference,
         Claim::DeduplicatesByKey,
@@ -109,7 +121,12 @@ async fn an_honest_deduplicating_downstream_confirms_every_claim() {
         Claim::Recovery,
         Claim::OneEffectPerKey,
     ] {
-        assert_eq!(run.claim(claim), Verdict::Confirmed, "{claim:?}: {:#?}", run.contract().claims);
+        assert_eq!(
+            run.claim(claim),
+            Verdict::Confirmed,
+            "{claim:?}: {:#?}",
+            run.contract().claims
+        );
     }
     assert_eq!(run.report.refuted, 0);
     assert_eq!(run.decision(), Decision::Automate);
@@ -126,14 +143,24 @@ async fn an_honest_deduplicating_downstream_confirms_every_claim() {
     let lost = run.probe("lost-answer");
     let key = &lost.evidence.keys[0];
     assert_eq!(fake.effects_for(key), 1);
-    let reference = fake.effects().into_iter().find(|e| e.key.as_ref() == Some(key)).unwrap().reference;
+    let reference = fake
+        .effects()
+        .into_iter()
+        .find(|e| e.key.as_ref() == Some(key))
+        .unwrap()
+        .reference;
     assert!(lost.observed.contains(&reference), "{}", lost.observed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_that_does_not_deduplicate_refutes_the_claim_that_it_does() {
     let fake = FakeService::start(Behaviour::plain()).await;
-    let run = verify(&fake.contract("tickets.create", claims(true, false)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, false)),
+        None,
+        Options::default(),
+    )
+    .await;
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::Refuted);
     // The lost answer was resent under the same key, as the contract allowed: two effects.
     assert_eq!(run.claim(Claim::Recovery), Verdict::Refuted);
@@ -161,7 +188,8 @@ async fn a_downstream_that_does_not_deduplicate_refutes_the_claim_that_it_does()
         .iter()
         .filter_map(|e| e.upstream.first().and_then(|u| u.status))
         .collect();
-    assert_eq!(statuses, vec![201, 201]);
+    // The probe's own exchange: the resend, answered 201 like the first effect was.
+    assert_eq!(statuses, vec![201]);
     let lost = run.probe("lost-answer");
     assert_eq!(fake.effects_for(&lost.evidence.keys[0]), 2);
     invariants(&run, &fake, 10);
@@ -175,10 +203,19 @@ async fn a_lookup_that_finds_nothing_after_a_commit_is_refuted() {
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(&fake.contract("tickets.create", claims(false, true)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(false, true)),
+        None,
+        Options::default(),
+    )
+    .await;
     assert_eq!(run.claim(Claim::ReceiptLookup), Verdict::Refuted);
     let lookup = run.probe("receipt-lookup");
-    assert!(lookup.observed.contains("found nothing after"), "{}", lookup.observed);
+    assert!(
+        lookup.observed.contains("found nothing after"),
+        "{}",
+        lookup.observed
+    );
     // The lost answer could not be settled by the lookup the contract promised: `unknown`,
     // and — the downstream not deduplicating — never sent again.
     let lost = run.probe("lost-answer");
@@ -200,10 +237,19 @@ async fn a_downstream_that_accepts_a_changed_request_under_a_used_key_is_refuted
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(&fake.contract("tickets.create", claims(true, true)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, true)),
+        None,
+        Options::default(),
+    )
+    .await;
     let changed = run.probe("changed-request-resend");
     assert_eq!(changed.verdict, Verdict::Refuted);
-    assert!(changed.observed.contains("accepted a changed request"), "{}", changed.observed);
+    assert!(
+        changed.observed.contains("accepted a changed request"),
+        "{}",
+        changed.observed
+    );
     assert_eq!(fake.effects_for(&changed.evidence.keys[0]), 2);
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::Refuted);
     // Through idemgate the changed request never reached the downstream.
@@ -224,12 +270,26 @@ async fn a_job_service_is_followed_to_its_end() {
         },
     );
     let run = verify(&yaml, None, Options::default()).await;
-    assert_eq!(run.claim(Claim::AsyncJobs), Verdict::Confirmed, "{:#?}", run.contract().probes);
+    assert_eq!(
+        run.claim(Claim::AsyncJobs),
+        Verdict::Confirmed,
+        "{:#?}",
+        run.contract().probes
+    );
     assert_eq!(run.claim(Claim::Reference), Verdict::Confirmed);
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::Confirmed);
-    assert_eq!(run.claim(Claim::Recovery), Verdict::Confirmed, "{:#?}", run.contract().probes);
+    assert_eq!(
+        run.claim(Claim::Recovery),
+        Verdict::Confirmed,
+        "{:#?}",
+        run.contract().probes
+    );
     let first = run.probe("first-effect");
-    assert!(first.observed.contains("202 with job `job-1`"), "{}", first.observed);
+    assert!(
+        first.observed.contains("202 with job `job-1`"),
+        "{}",
+        first.observed
+    );
     assert!(first.observed.contains("report-1"), "{}", first.observed);
     for (key, n) in fake.per_key() {
         assert_eq!(n, 1, "{key}: one job per key");
@@ -244,17 +304,36 @@ async fn a_downstream_that_answers_malformed_bodies_refutes_the_reference() {
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(&fake.contract("tickets.create", claims(true, true)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, true)),
+        None,
+        Options::default(),
+    )
+    .await;
     assert_eq!(run.claim(Claim::Reference), Verdict::Refuted);
     let first = run.probe("first-effect");
-    assert!(first.observed.contains("200 with no usable reference at `/ticket_id`"), "{}", first.observed);
+    assert!(
+        first
+            .observed
+            .contains("200 with no usable reference at `/ticket_id`"),
+        "{}",
+        first.observed
+    );
     // Never taken for success from the broken answer: idemgate settled it by the lookup, to
     // the one ticket the downstream made.
     let key = &first.evidence.keys[0];
     assert_eq!(fake.effects_for(key), 1);
-    let ticket = fake.effects().into_iter().find(|e| e.key.as_ref() == Some(key)).unwrap();
+    let ticket = fake
+        .effects()
+        .into_iter()
+        .find(|e| e.key.as_ref() == Some(key))
+        .unwrap();
     for answer in &first.evidence.answers {
-        assert_eq!(answer.reference.as_ref(), Some(&ticket.reference), "{answer:?}");
+        assert_eq!(
+            answer.reference.as_ref(),
+            Some(&ticket.reference),
+            "{answer:?}"
+        );
     }
     assert_eq!(run.decision(), Decision::KeepManual);
     invariants(&run, &fake, 10);
@@ -263,7 +342,12 @@ async fn a_downstream_that_answers_malformed_bodies_refutes_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_honest_contract_for_a_plain_downstream_is_confirmed_and_stays_manual() {
     let fake = FakeService::start(Behaviour::plain()).await;
-    let run = verify(&fake.contract("tickets.create", claims(false, false)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(false, false)),
+        None,
+        Options::default(),
+    )
+    .await;
     assert_eq!(run.report.refuted, 0, "{:#?}", run.contract().claims);
     // A lost, a 5xx and a malformed answer each end `unknown`, sent once.
     for id in ["lost-answer", "server-error", "malformed-answer"] {
@@ -275,7 +359,13 @@ async fn an_honest_contract_for_a_plain_downstream_is_confirmed_and_stays_manual
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::NotChecked);
     // Nothing settles a lost answer: the seed's decision stays manual.
     assert_eq!(run.decision(), Decision::KeepManual);
-    assert!(run.contract().decision.verified.reason.contains("no-receipt-path"));
+    assert!(
+        run.contract()
+            .decision
+            .verified
+            .reason
+            .contains("no-receipt-path")
+    );
     for (key, n) in fake.per_key() {
         assert_eq!(n, 1, "{key}");
     }
@@ -289,7 +379,12 @@ async fn the_budget_bounds_the_effects_and_says_what_it_skipped() {
         budget: 3,
         ..Options::default()
     };
-    let run = verify(&fake.contract("tickets.create", claims(true, true)), None, options).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, true)),
+        None,
+        options,
+    )
+    .await;
     invariants(&run, &fake, 3);
     let skipped: Vec<&str> = run
         .contract()
@@ -310,14 +405,25 @@ async fn a_downstream_that_deduplicates_only_one_request_at_a_time_is_refuted() 
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(&fake.contract("tickets.create", claims(true, true)), None, Options::default()).await;
+    let run = verify(
+        &fake.contract("tickets.create", claims(true, true)),
+        None,
+        Options::default(),
+    )
+    .await;
     assert_eq!(run.probe("same-key-resend").verdict, Verdict::Confirmed);
     let concurrent = run.probe("concurrent-resends");
     assert_eq!(concurrent.verdict, Verdict::Refuted, "{concurrent:?}");
     assert_eq!(fake.effects_for(&concurrent.evidence.keys[0]), 2);
     // Through idemgate the same race makes one effect.
-    assert_eq!(run.probe("concurrent-deliveries").verdict, Verdict::Confirmed);
-    assert_eq!(fake.effects_for(&run.probe("concurrent-deliveries").evidence.keys[0]), 1);
+    assert_eq!(
+        run.probe("concurrent-deliveries").verdict,
+        Verdict::Confirmed
+    );
+    assert_eq!(
+        fake.effects_for(&run.probe("concurrent-deliveries").evidence.keys[0]),
+        1
+    );
     invariants(&run, &fake, 10);
 }
 
@@ -332,23 +438,41 @@ async fn the_authorization_hook_must_deny_an_actor_it_does_not_know() {
             ..Behaviour::honest()
         })
         .await;
-        let run = verify(&fake.contract("tickets.create", claims(true, true)), None, Options::default()).await;
+        let run = verify(
+            &fake.contract("tickets.create", claims(true, true)),
+            None,
+            Options::default(),
+        )
+        .await;
         assert_eq!(run.claim(Claim::AuthorizationHook), verdict, "{hook:?}");
         let asked: Vec<String> = fake
             .hook_asked()
             .iter()
             .filter_map(|b| b["actor"].as_str().map(str::to_string))
             .collect();
-        assert!(asked.iter().any(|a| a.starts_with("idemgate-verify-unknown-")), "{asked:?}");
+        assert!(
+            asked
+                .iter()
+                .any(|a| a.starts_with("idemgate-verify-unknown-")),
+            "{asked:?}"
+        );
         // The hook is asked about fingerprints, never given the arguments.
-        assert!(fake.hook_asked().iter().all(|b| b.get("arguments").is_none()));
+        assert!(
+            fake.hook_asked()
+                .iter()
+                .all(|b| b.get("arguments").is_none())
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_goes_to_a_production_url_unless_the_user_names_where() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let yaml = contract_at("https://tickets.example.com", "tickets.create", claims(true, true));
+    let yaml = contract_at(
+        "https://tickets.example.com",
+        "tickets.create",
+        claims(true, true),
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, &yaml);
     let refused = Target::load(&path, None, None, "r1").unwrap_err();
@@ -383,10 +507,19 @@ async fn many_contracts_share_one_budget() {
     };
     let plan = idemgate_verify::plan(&targets, &options, &run);
     assert!(plan.contains("at most 12 effects"), "{plan}");
-    assert!(plan.contains(&honest.url()) && plan.contains(&plain.url()), "{plan}");
-    let report = idemgate_verify::verify(&targets, &options, &run).await.unwrap();
+    assert!(
+        plan.contains(&honest.url()) && plan.contains(&plain.url()),
+        "{plan}"
+    );
+    let report = idemgate_verify::verify(&targets, &options, &run)
+        .await
+        .unwrap();
     let made = honest.effects().len() + plain.effects().len();
-    assert!(made <= 12 && report.effects <= 12, "{made} / {}", report.effects);
+    assert!(
+        made <= 12 && report.effects <= 12,
+        "{made} / {}",
+        report.effects
+    );
     let per_contract: HashMap<&str, u32> = report
         .contracts
         .iter()
