@@ -27,4 +27,4 @@ pub use fault::{
     Fault, Faults, Rates, Rule, ScriptError, parse_duration, parse_script, parse_status,
 };
 pub use ledger::{Arrival, Entry, KeySummary, Ledger, Summary, Told, Upstream};
-pub use proxy::{Config, Error, Proxy};
+pub use proxy::{Config, Error, Proxy, Running};

@@ -10,6 +10,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::fault::{Fault, Faults, Rule};
@@ -113,15 +114,6 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
-/// Installs rustls's ring provider as the process default, once (another part of the process
-/// may have installed one already; that one is kept).
-fn install_crypto_provider() {
-    static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let _already_installed = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 impl Proxy {
     pub fn new(config: Config) -> Result<Proxy, Error> {
         let upstream = check_upstream(&config.upstream)?;
@@ -135,7 +127,7 @@ impl Proxy {
             return Err(Error::Reference(job_id.to_string()));
         }
         config.faults.rates.check().map_err(Error::Rates)?;
-        install_crypto_provider();
+        idemgate_downstream_http::install_crypto_provider();
         let client = reqwest::Client::builder()
             // The proxy is transparent: a redirect goes back to the caller, who decides.
             .redirect(reqwest::redirect::Policy::none())
@@ -173,6 +165,27 @@ impl Proxy {
     pub fn push_rule(&self, rule: Rule) {
         let mut extra = self.shared.extra.write().unwrap_or_else(|p| p.into_inner());
         extra.insert(0, rule);
+    }
+
+    /// Binds `addr` and serves on a task of its own until [`Running::stop`].
+    pub async fn start(self, addr: SocketAddr) -> std::io::Result<Running> {
+        let listener = TcpListener::bind(addr).await?;
+        let address = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let proxy = self.clone();
+        let task = tokio::spawn(async move {
+            proxy
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Running {
+            proxy: self,
+            address,
+            stop,
+            task,
+        })
     }
 
     /// Serves connections from `listener` until `shutdown` completes, then stops accepting,
@@ -213,6 +226,35 @@ impl Proxy {
         let mut working = self.shared.working.subscribe();
         let _ = working.wait_for(|n| *n == 0).await;
         Ok(())
+    }
+}
+
+/// A proxy serving on a task of its own ([`Proxy::start`]).
+pub struct Running {
+    proxy: Proxy,
+    address: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// `http://<address>`: where callers send requests.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    pub fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    /// Stops it as `serve` stops (every forward in flight finished) and hands the proxy
+    /// back, its ledger complete.
+    pub async fn stop(self) -> std::io::Result<Proxy> {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(served) => served.map(|()| self.proxy),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
     }
 }
 

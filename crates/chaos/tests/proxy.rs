@@ -10,10 +10,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use idemgate_chaos::{Config, Fault, Faults, Proxy, Rates, Rule, Told};
+use idemgate_chaos::{Config, Fault, Faults, Proxy, Rates, Rule, Running, Told};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 /// Tickets by key; `dedup` answers a repeated key with its first ticket.
 #[derive(Default)]
@@ -74,43 +73,11 @@ async fn upstream(dedup: bool) -> (SocketAddr, Arc<Tickets>) {
     (addr, tickets)
 }
 
-struct Running {
-    proxy: Proxy,
-    url: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    async fn stop(mut self) -> Proxy {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap();
-        self.proxy
-    }
-}
-
 async fn proxy(upstream: SocketAddr, faults: Faults) -> Running {
     let mut config = Config::new(format!("http://{upstream}"));
     config.faults = faults;
     let proxy = Proxy::new(config).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let serving = proxy.clone();
-    let task = tokio::spawn(async move {
-        serving
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap()
-    });
-    Running {
-        proxy,
-        url,
-        stop: Some(stop),
-        task,
-    }
+    proxy.start(([127, 0, 0, 1], 0).into()).await.unwrap()
 }
 
 fn client() -> reqwest::Client {
@@ -155,7 +122,7 @@ async fn each_fault_does_what_it_says_to_the_caller_and_the_upstream() {
         ]),
     )
     .await;
-    let url = running.url.clone();
+    let url = running.url();
 
     let (status, body) = post_ticket(&url, "pass").await.unwrap();
     assert_eq!((status, body.as_str()), (201, r#"{"id":"t1"}"#));
@@ -184,7 +151,7 @@ async fn each_fault_does_what_it_says_to_the_caller_and_the_upstream() {
     assert_eq!(status, 201);
     assert_eq!(tickets.count_for("duplicate"), 2);
 
-    let proxy = running.stop().await;
+    let proxy = running.stop().await.unwrap();
     let ledger = proxy.ledger();
     let told = |key: &str| ledger.entries_for(key)[0].told;
     assert_eq!(told("pass"), Told::Status(201));
@@ -212,11 +179,11 @@ async fn a_deduplicating_upstream_absorbs_duplicates() {
         scripted(&[("k", 1, Fault::Duplicate), ("k", 2, Fault::Drop)]),
     )
     .await;
-    let first = post_ticket(&running.url, "k").await.unwrap();
-    assert!(post_ticket(&running.url, "k").await.is_err());
-    let third = post_ticket(&running.url, "k").await.unwrap();
+    let first = post_ticket(&running.url(), "k").await.unwrap();
+    assert!(post_ticket(&running.url(), "k").await.is_err());
+    let third = post_ticket(&running.url(), "k").await.unwrap();
     assert_eq!(first.1, third.1);
-    let proxy = running.stop().await;
+    let proxy = running.stop().await.unwrap();
     assert_eq!(tickets.count(), 1);
     let key = proxy.ledger().key("k").unwrap();
     assert_eq!((key.requests, key.forwarded, key.commits), (3, 4, 4));
@@ -239,7 +206,7 @@ async fn a_delayed_request_reaches_the_upstream_after_its_caller_gave_up() {
         .build()
         .unwrap();
     let gave_up = impatient
-        .post(format!("{}/tickets", running.url))
+        .post(format!("{}/tickets", running.url()))
         .header("Idempotency-Key", "late")
         .json(&json!({}))
         .send()
@@ -247,7 +214,7 @@ async fn a_delayed_request_reaches_the_upstream_after_its_caller_gave_up() {
     assert!(gave_up.is_err_and(|e| e.is_timeout()));
     assert_eq!(tickets.count(), 0, "held, not yet forwarded");
     // Stopping waits for the forward still travelling.
-    let proxy = running.stop().await;
+    let proxy = running.stop().await.unwrap();
     assert_eq!(tickets.count_for("late"), 1);
     let entry = &proxy.ledger().entries_for("late")[0];
     assert_eq!(entry.fault, "delay=600ms");
@@ -278,11 +245,11 @@ async fn seeded_rates_replay_per_key() {
         }
         let mut calls = tokio::task::JoinSet::new();
         for key in keys {
-            let url = running.url.clone();
+            let url = running.url();
             calls.spawn(async move { post_ticket(&url, &key).await.map(|_| ()) });
         }
         while calls.join_next().await.is_some() {}
-        let proxy = running.stop().await;
+        let proxy = running.stop().await.unwrap();
         let ledger = proxy.ledger();
         assert_eq!(ledger.summary().commits as usize, tickets.count());
         let mut faults: Vec<(String, String)> = ledger

@@ -25,6 +25,17 @@ fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
+/// The service's own contract claiming `claims`, written to a temporary directory.
+fn contract_file(fake: &FakeService, claims: Claims) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        &dir,
+        "tickets.yaml",
+        &fake.contract("tickets.create", claims),
+    );
+    (dir, path)
+}
+
 fn claim<'a>(report: &'a Value, name: &str) -> &'a str {
     report["contracts"][0]["claims"]
         .as_array()
@@ -48,12 +59,7 @@ fn claims(dedup: bool, lookup: bool) -> Claims {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_honest_contract_exits_0_with_its_evidence_table() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let contract = write(
-        &dir,
-        "tickets.yaml",
-        &fake.contract("tickets.create", claims(true, true)),
-    );
+    let (dir, contract) = contract_file(&fake, claims(true, true));
     let report = dir.path().join("tickets.verify.md");
     let run = verify(vec![
         contract.clone(),
@@ -99,12 +105,7 @@ async fn an_honest_contract_exits_0_with_its_evidence_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refuted_claim_exits_1_and_names_the_two_effects() {
     let fake = FakeService::start(Behaviour::plain()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let contract = write(
-        &dir,
-        "tickets.yaml",
-        &fake.contract("tickets.create", claims(true, false)),
-    );
+    let (_dir, contract) = contract_file(&fake, claims(true, false));
     let run = verify(vec![contract, "--budget".into(), "4".into()]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(fake.effects().len() <= 4, "{:?}", fake.effects());
@@ -176,12 +177,7 @@ async fn a_production_url_needs_a_base_url_and_nothing_is_sent_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_of_zero_makes_no_effect() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let contract = write(
-        &dir,
-        "tickets.yaml",
-        &fake.contract("tickets.create", claims(true, true)),
-    );
+    let (_dir, contract) = contract_file(&fake, claims(true, true));
     let run = verify(vec![
         contract,
         "--budget".into(),
@@ -210,12 +206,7 @@ async fn a_budget_of_zero_makes_no_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_naming_what_is_wrong_before_any_effect() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let contract = write(
-        &dir,
-        "tickets.yaml",
-        &fake.contract("tickets.create", claims(true, true)),
-    );
+    let (dir, contract) = contract_file(&fake, claims(true, true));
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["--args".into(), "{not json".into()], "--args"),
         (

@@ -245,7 +245,7 @@ impl Draft {
             probe,
             expected: expected.into(),
             before: session.sent(),
-            since: session.proxy.ledger().arrived(),
+            since: session.ledger().arrived(),
             evidence: Evidence::default(),
         }
     }
@@ -264,7 +264,7 @@ impl Draft {
         observed: impl Into<String>,
     ) -> Finding {
         for key in self.evidence.keys.clone() {
-            let entries = session.proxy.ledger().entries_for(&key);
+            let entries = session.ledger().entries_for(&key);
             let since = self.since;
             self.evidence
                 .exchanges
@@ -418,6 +418,17 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
         && (200..300).contains(&status)
         && status != 202
     {
+        // The effect exists, settled another way (the lookup, say): later probes can still
+        // repeat and compare with it.
+        if is_effect(outcome)
+            && let Some(reference) = outcome.effect_reference.clone()
+        {
+            session.first = Some(First {
+                key: key.clone(),
+                reference,
+                job_id: settled.job_id.clone(),
+            });
+        }
         return draft.done(
             session,
             Verdict::Refuted,
@@ -689,8 +700,9 @@ async fn receipt_lookup(session: &mut Session<'_>) -> Finding {
     )
 }
 
-/// What a deduplicating downstream's answer to a repeat under a used key says about a second
-/// effect: `Some(verdict, observation)`, or `None` when it says nothing.
+/// What a downstream's answer to a repeat under a used key says about a second effect: the
+/// first effect again, or a refusal, confirms that there was none; a new reference or job
+/// refutes it; an ambiguous answer says nothing.
 fn judge_repeat(
     session: &Session<'_>,
     key: &OperationKey,
@@ -869,9 +881,7 @@ async fn broken_answer(
     let mut draft = Draft::new(session, probe, expected);
     let key = session.key(probe.id());
     draft.key(&key);
-    session
-        .proxy
-        .push_rule(Rule::for_key(key.as_str(), 1, fault));
+    session.script(Rule::for_key(key.as_str(), 1, fault));
     let arguments = session.target.arguments.clone();
     let answered = session.deliver(probe.id(), &arguments).await;
     let settled = session.settle(&key, answered, deadline).await;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use idemgate_app::{App, Assembly, HttpEffects, Tool, ToolSet};
-use idemgate_chaos::{Config, Entry, Proxy};
+use idemgate_chaos::{Config, Entry, Proxy, Running};
 use idemgate_core::audit::Sealer;
 use idemgate_core::effect::{EffectOutcome, EffectRequest, Lookup};
 use idemgate_core::key::OperationKey;
@@ -22,8 +22,6 @@ use idemgate_core::record::{Dispatch, RecordState};
 use idemgate_downstream_http::HttpAuthorizer;
 use idemgate_engine::{Caller, Settings};
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 use crate::budget::{Budget, Metered};
 use crate::report::Answer;
@@ -61,9 +59,8 @@ pub(crate) struct Session<'a> {
     pub run: &'a str,
     /// Sends made for this contract.
     sent: Arc<AtomicU32>,
-    pub proxy: Proxy,
-    stop: Option<oneshot::Sender<()>>,
-    serving: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The verification's own proxy in front of the downstream.
+    proxy: Running,
     pub app: App,
     /// The contract as the executor runs it (its URLs on the proxy) and its metered
     /// downstream.
@@ -97,26 +94,13 @@ impl<'a> Session<'a> {
         // The downstream's own timeout applies at the executor; the proxy waits a little
         // longer, so that it never gives up first and invents a failure.
         config.upstream_timeout = options.probe_timeout + Duration::from_secs(5);
-        let proxy = Proxy::new(config).map_err(|e| Error::Setup(e.to_string()))?;
-        let listener = TcpListener::bind(("127.0.0.1", 0))
+        let proxy = Proxy::new(config)
+            .map_err(|e| Error::Setup(e.to_string()))?
+            .start(([127, 0, 0, 1], 0).into())
             .await
             .map_err(|e| Error::Setup(format!("the verification's proxy cannot listen: {e}")))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| Error::Setup(e.to_string()))?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let serving = {
-            let proxy = proxy.clone();
-            tokio::spawn(async move {
-                proxy
-                    .serve(listener, async {
-                        let _ = stopped.await;
-                    })
-                    .await
-            })
-        };
 
-        let via_proxy = target.contract_via(&format!("http://{address}"))?;
+        let via_proxy = target.contract_via(&proxy.url())?;
         let dir = tempfile::tempdir()
             .map_err(|e| Error::Setup(format!("a temporary directory for the store: {e}")))?;
         let url = format!("sqlite://{}", dir.path().join("verify.sqlite").display());
@@ -153,8 +137,6 @@ impl<'a> Session<'a> {
             run,
             sent,
             proxy,
-            stop: Some(stop),
-            serving: Some(serving),
             app,
             tool,
             hook,
@@ -169,13 +151,18 @@ impl<'a> Session<'a> {
     }
 
     /// Stops the proxy, once every request it forwards has finished.
-    pub async fn close(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(serving) = self.serving.take() {
-            let _ = serving.await;
-        }
+    pub async fn close(self) {
+        let _ = self.proxy.stop().await;
+    }
+
+    /// The proxy's ledger: what the downstream received and answered.
+    pub fn ledger(&self) -> &idemgate_chaos::Ledger {
+        self.proxy.proxy().ledger()
+    }
+
+    /// Scripts the fate of a request passing the proxy.
+    pub fn script(&self, rule: idemgate_chaos::Rule) {
+        self.proxy.proxy().push_rule(rule);
     }
 
     /// Sends made for this contract so far.
@@ -291,13 +278,13 @@ impl<'a> Session<'a> {
 
     /// Every request the downstream received under `key`, in order.
     pub fn exchanges(&self, key: &OperationKey) -> Vec<Entry> {
-        self.proxy.ledger().entries_for(key.as_str())
+        self.ledger().entries_for(key.as_str())
     }
 
     /// The distinct references the downstream committed under `key` (and the job ids it
     /// accepted, as `job <id>`).
     pub fn committed(&self, key: &OperationKey) -> Vec<String> {
-        match self.proxy.ledger().key(key.as_str()) {
+        match self.ledger().key(key.as_str()) {
             Some(summary) => {
                 let mut all = summary.references;
                 all.extend(summary.jobs.into_iter().map(|j| format!("job {j}")));

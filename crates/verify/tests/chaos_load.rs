@@ -7,19 +7,16 @@
 use std::collections::HashMap;
 
 use idemgate_app::{App, Assembly, HttpEffects, ToolSet};
-use idemgate_chaos::{Config, Faults, Proxy, Rates};
+use idemgate_chaos::{Config, Faults, Proxy, Rates, Running};
 use idemgate_core::audit::Sealer;
 use idemgate_core::contract::Contract;
 use idemgate_engine::Caller;
 use idemgate_verify::testing::{Behaviour, Claims, FakeService, contract_at};
 use serde_json::json;
-use tokio::net::TcpListener;
 
 struct Stack {
-    proxy: Proxy,
+    proxy: Running,
     app: App,
-    stop: tokio::sync::oneshot::Sender<()>,
-    serving: tokio::task::JoinHandle<std::io::Result<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -27,21 +24,16 @@ async fn start(fake: &FakeService, claims: Claims, faults: Faults) -> Stack {
     let mut config = Config::new(fake.url());
     config.reference = "/ticket_id".into();
     config.faults = faults;
-    let proxy = Proxy::new(config).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = {
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            proxy
-                .serve(listener, async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
-    let contract = Contract::load(&contract_at(&url, "tickets.create", claims), "t.yaml").unwrap();
+    let proxy = Proxy::new(config)
+        .unwrap()
+        .start(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let contract = Contract::load(
+        &contract_at(&proxy.url(), "tickets.create", claims),
+        "t.yaml",
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = idemgate_app::open_store(
         &format!("sqlite://{}", dir.path().join("s.sqlite").display()),
@@ -54,8 +46,6 @@ async fn start(fake: &FakeService, claims: Claims, faults: Faults) -> Stack {
     Stack {
         proxy,
         app,
-        stop,
-        serving,
         _dir: dir,
     }
 }
@@ -96,9 +86,7 @@ async fn load(app: &App, keys: usize) -> HashMap<String, usize> {
 }
 
 async fn stop(stack: Stack) -> Proxy {
-    let _ = stack.stop.send(());
-    stack.serving.await.unwrap().unwrap();
-    stack.proxy
+    stack.proxy.stop().await.unwrap()
 }
 
 fn faults(seed: u64) -> Faults {

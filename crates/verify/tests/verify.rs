@@ -95,6 +95,23 @@ fn invariants(run: &Run, fake: &FakeService, budget: u32) {
     );
 }
 
+/// Verifies the service's own contract claiming `claims`, with the default options.
+async fn verify_fake(fake: &FakeService, claims: Claims) -> Run {
+    verify(
+        &fake.contract("tickets.create", claims),
+        None,
+        Options::default(),
+    )
+    .await
+}
+
+/// The downstream made at most one effect under any key.
+fn one_effect_per_key(fake: &FakeService) {
+    for (key, n) in fake.per_key() {
+        assert_eq!(n, 1, "{key}");
+    }
+}
+
 fn claims(dedup: bool, lookup: bool) -> Claims {
     Claims {
         dedup,
@@ -107,12 +124,7 @@ fn claims(dedup: bool, lookup: bool) -> Claims {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_honest_deduplicating_downstream_confirms_every_claim() {
     let fake = FakeService::start(Behaviour::honest()).await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(true, true)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(true, true)).await;
     for claim in [
         Claim::Reference,
         Claim::DeduplicatesByKey,
@@ -135,9 +147,7 @@ async fn an_honest_deduplicating_downstream_confirms_every_claim() {
         assert!(!finding.observed.starts_with("skipped"), "{finding:?}");
     }
     // One effect per key at the downstream, whatever was repeated, dropped or broken.
-    for (key, n) in fake.per_key() {
-        assert_eq!(n, 1, "{key}");
-    }
+    one_effect_per_key(&fake);
     invariants(&run, &fake, 10);
     // The lost answer's key: one effect at the downstream, and the report names it.
     let lost = run.probe("lost-answer");
@@ -155,12 +165,7 @@ async fn an_honest_deduplicating_downstream_confirms_every_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_that_does_not_deduplicate_refutes_the_claim_that_it_does() {
     let fake = FakeService::start(Behaviour::plain()).await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(true, false)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(true, false)).await;
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::Refuted);
     // The lost answer was resent under the same key, as the contract allowed: two effects.
     assert_eq!(run.claim(Claim::Recovery), Verdict::Refuted);
@@ -203,12 +208,7 @@ async fn a_lookup_that_finds_nothing_after_a_commit_is_refuted() {
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(false, true)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(false, true)).await;
     assert_eq!(run.claim(Claim::ReceiptLookup), Verdict::Refuted);
     let lookup = run.probe("receipt-lookup");
     assert!(
@@ -224,9 +224,7 @@ async fn a_lookup_that_finds_nothing_after_a_commit_is_refuted() {
     assert_eq!(run.decision(), Decision::KeepManual);
     // Not claimed, so never tried: no resend of a used key reached the downstream.
     assert_eq!(run.claim(Claim::DeduplicatesByKey), Verdict::NotChecked);
-    for (key, n) in fake.per_key() {
-        assert_eq!(n, 1, "{key}");
-    }
+    one_effect_per_key(&fake);
     invariants(&run, &fake, 10);
 }
 
@@ -237,12 +235,7 @@ async fn a_downstream_that_accepts_a_changed_request_under_a_used_key_is_refuted
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(true, true)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(true, true)).await;
     let changed = run.probe("changed-request-resend");
     assert_eq!(changed.verdict, Verdict::Refuted);
     assert!(
@@ -304,12 +297,7 @@ async fn a_downstream_that_answers_malformed_bodies_refutes_the_reference() {
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(true, true)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(true, true)).await;
     assert_eq!(run.claim(Claim::Reference), Verdict::Refuted);
     let first = run.probe("first-effect");
     assert!(
@@ -342,12 +330,7 @@ async fn a_downstream_that_answers_malformed_bodies_refutes_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_honest_contract_for_a_plain_downstream_is_confirmed_and_stays_manual() {
     let fake = FakeService::start(Behaviour::plain()).await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(false, false)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(false, false)).await;
     assert_eq!(run.report.refuted, 0, "{:#?}", run.contract().claims);
     // A lost, a 5xx and a malformed answer each end `unknown`, sent once.
     for id in ["lost-answer", "server-error", "malformed-answer"] {
@@ -366,9 +349,7 @@ async fn an_honest_contract_for_a_plain_downstream_is_confirmed_and_stays_manual
             .reason
             .contains("no-receipt-path")
     );
-    for (key, n) in fake.per_key() {
-        assert_eq!(n, 1, "{key}");
-    }
+    one_effect_per_key(&fake);
     invariants(&run, &fake, 10);
 }
 
@@ -405,12 +386,7 @@ async fn a_downstream_that_deduplicates_only_one_request_at_a_time_is_refuted() 
         ..Behaviour::honest()
     })
     .await;
-    let run = verify(
-        &fake.contract("tickets.create", claims(true, true)),
-        None,
-        Options::default(),
-    )
-    .await;
+    let run = verify_fake(&fake, claims(true, true)).await;
     assert_eq!(run.probe("same-key-resend").verdict, Verdict::Confirmed);
     let concurrent = run.probe("concurrent-resends");
     assert_eq!(concurrent.verdict, Verdict::Refuted, "{concurrent:?}");
@@ -438,12 +414,7 @@ async fn the_authorization_hook_must_deny_an_actor_it_does_not_know() {
             ..Behaviour::honest()
         })
         .await;
-        let run = verify(
-            &fake.contract("tickets.create", claims(true, true)),
-            None,
-            Options::default(),
-        )
-        .await;
+        let run = verify_fake(&fake, claims(true, true)).await;
         assert_eq!(run.claim(Claim::AuthorizationHook), verdict, "{hook:?}");
         let asked: Vec<String> = fake
             .hook_asked()
