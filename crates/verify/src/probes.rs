@@ -257,6 +257,15 @@ impl Draft {
         }
     }
 
+    /// The finding of a probe that needs a material field changed, when none can be.
+    fn unchangeable(self, session: &Session<'_>) -> Finding {
+        self.done(
+            session,
+            Verdict::NotChecked,
+            "no material field can change within the input schema",
+        )
+    }
+
     fn done(
         mut self,
         session: &Session<'_>,
@@ -778,11 +787,7 @@ async fn changed_request(session: &mut Session<'_>) -> Finding {
     );
     draft.key(&first.key);
     let Some((field, changed)) = crate::sample::changed(contract, &arguments) else {
-        return draft.done(
-            session,
-            Verdict::NotChecked,
-            "no material field can change within the input schema",
-        );
+        return draft.unchangeable(session);
     };
     if let (Ok(stored), Ok(incoming)) = (
         contract.fingerprint(&arguments),
@@ -842,11 +847,7 @@ async fn changed_request_resend(session: &mut Session<'_>) -> Finding {
     );
     draft.key(&first.key);
     let Some((field, changed)) = crate::sample::changed(contract, &arguments) else {
-        return draft.done(
-            session,
-            Verdict::NotChecked,
-            "no material field can change within the input schema",
-        );
+        return draft.unchangeable(session);
     };
     draft.evidence.notes.push(format!("`{field}` changed"));
     let outcome = session.send(&first.key, &changed).await;
