@@ -16,10 +16,15 @@
 //!    recoverer ([`App::start_recoverer`], intervals from [`Recovery`]) and answers the two
 //!    calls every face makes, [`App::invoke`] and [`App::status`].
 //!
+//! [`config`] is the configuration file every face reads — the application's part of it, the
+//! faces' sections read from the same text by the faces, and [`config::File::assembly`], the
+//! step from the file to steps 1–4.
+//!
 //! [`redact`] writes a store URL without its password, for messages and logs. This crate knows
 //! no protocol: HTTP, MCP and flags are the faces'.
 
 pub mod assembly;
+pub mod config;
 pub mod contracts;
 pub mod tools;
 
@@ -29,7 +34,7 @@ use idemgate_core::audit::Sealer;
 use idemgate_core::store::Store;
 use idemgate_engine::sealed::SealedStore;
 
-pub use assembly::{App, Assembly, Background, Recovery};
+pub use assembly::{App, Assembly, Background, Recovery, check_part};
 pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.
