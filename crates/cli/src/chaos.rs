@@ -159,7 +159,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         out.flush()?;
     }
     proxy
-        .serve(listener, idemgate_server::serve::shutdown_signal())
+        .serve(listener, crate::signals::shutdown())
         .await
         .context("the proxy stopped")?;
     let ledger = proxy.ledger();
