@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use idemgate_chaos::{Fault, Rule};
 use idemgate_core::effect::{
-    AuthRequest, AuthStage, Authorization, Authorizer as _, EffectOutcome, Lookup,
+    AuthRequest, AuthStage, Authorization, Authorizer as _, EffectOutcome, JobStatus, Lookup,
 };
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome, Status};
@@ -480,17 +480,18 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
                     Some(job_id) => {
                         let polled = session.tool.downstream.poll_job(&key, job_id).await;
                         let reference_polled = match &polled {
-                            idemgate_core::effect::JobStatus::Done(r) => Some(r.reference.clone()),
+                            JobStatus::Done(r) => Some(r.reference.clone()),
                             _ => None,
                         };
+                        let polled_text = describe_job(&polled);
                         draft
                             .evidence
                             .notes
-                            .push(format!("job `{job_id}`, polled again: {polled:?}"));
+                            .push(format!("job `{job_id}`, polled again: {polled_text}"));
                         if reference_polled.as_deref() != Some(reference.as_str()) {
                             verdict = Verdict::Refuted;
                             observed = format!(
-                                "job `{job_id}` settled as `{reference}`, but its poll now answers {polled:?}"
+                                "job `{job_id}` settled as `{reference}`, but its poll now answers: {polled_text}"
                             );
                         } else {
                             observed = format!(
@@ -551,6 +552,16 @@ async fn first_effect(session: &mut Session<'_>, deadline: Instant) -> Finding {
             Verdict::NotChecked,
             "still in flight when the probe's time ran out (raise --probe-timeout)",
         ),
+    }
+}
+
+fn describe_job(status: &JobStatus) -> String {
+    match status {
+        JobStatus::Running => "running".into(),
+        JobStatus::Done(r) => format!("done, `{}`", r.reference),
+        JobStatus::Failed(r) => format!("failed ({})", r.message),
+        JobStatus::Gone(why) => format!("gone ({why})"),
+        JobStatus::Unavailable(why) => format!("no answer ({why})"),
     }
 }
 
