@@ -135,7 +135,7 @@ fn show(outcome: &Outcome) {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default(),
-        outcome.safe_to_repeat
+        outcome.safe_to_repeat()
     ));
     if let Some(s) = outcome.retry_after_seconds {
         line.push_str(&format!(" · retry_after={s}s"));
