@@ -959,7 +959,7 @@ async fn broken_answer(
                 format!("`unknown` although the contract says {path} settles it ({}); the downstream committed {}", detail(outcome), quoted(&committed)),
             ),
         },
-        Status::Rejected if outcome.safe_to_repeat => draft.done(
+        Status::Rejected if outcome.safe_to_repeat() => draft.done(
             session,
             Verdict::Refuted,
             format!("`rejected` as safe to repeat after the downstream committed ({})", detail(outcome)),
