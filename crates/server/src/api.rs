@@ -12,7 +12,7 @@ use idemgate_core::Fingerprint;
 use idemgate_core::json;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome, Repeatable};
-use idemgate_core::record::{Event, Record, RecordState, RecordStatus};
+use idemgate_core::record::{Event, NOT_SETTLED, Record, RecordState, RecordStatus};
 use idemgate_core::store::Filter;
 use idemgate_engine::{Caller, Resolution, StatusRead};
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Principal, Role};
+use crate::console::view::rfc3339;
 use crate::headers::{self, StepKey};
 use crate::state::AppState;
 use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
@@ -59,6 +60,8 @@ pub struct EventView {
     pub kind: String,
     /// Milliseconds since the Unix epoch.
     pub at: i64,
+    /// The same instant in RFC 3339 (UTC).
+    pub at_rfc3339: String,
     pub attempt: u64,
     pub worker: String,
     pub detail: Option<String>,
@@ -79,10 +82,16 @@ pub struct OperationSummary {
     pub effect_reference: Option<String>,
     pub job_id: Option<String>,
     pub approved_by: Option<String>,
-    /// Milliseconds since the Unix epoch.
+    /// Milliseconds since the Unix epoch, and the same instant in RFC 3339 (UTC).
     pub created_at: i64,
+    pub created_at_rfc3339: String,
     pub updated_at: i64,
-    pub expires_at: i64,
+    pub updated_at_rfc3339: String,
+    /// When the full record is compacted: set once the operation settles (its retention counts
+    /// from then), null while it may still have an effect (pending, awaiting approval,
+    /// unknown).
+    pub expires_at: Option<i64>,
+    pub expires_at_rfc3339: Option<String>,
 }
 
 /// An operation: the record, its receipt, the outcome a poll gives, and its events.
@@ -429,6 +438,8 @@ fn summary(record: &Record) -> OperationSummary {
         | RecordState::FailedPermanent(_)
         | RecordState::Tombstone(_) => None,
     };
+    // Not a sentinel number: an unsettled record has no expiry yet.
+    let expires = (record.expires_at != NOT_SETTLED).then_some(record.expires_at);
     OperationSummary {
         operation_key: record.key.to_string(),
         tool: record.tool.clone(),
@@ -440,8 +451,11 @@ fn summary(record: &Record) -> OperationSummary {
         job_id,
         approved_by: record.approved_by.clone(),
         created_at: record.created_at,
+        created_at_rfc3339: rfc3339(record.created_at),
         updated_at: record.updated_at,
-        expires_at: record.expires_at,
+        updated_at_rfc3339: rfc3339(record.updated_at),
+        expires_at: expires,
+        expires_at_rfc3339: expires.map(rfc3339),
     }
 }
 
@@ -449,6 +463,7 @@ fn event_view(e: Event) -> EventView {
     EventView {
         kind: e.kind.as_str().to_string(),
         at: e.at,
+        at_rfc3339: rfc3339(e.at),
         attempt: e.attempt,
         worker: e.worker,
         detail: e.detail,
