@@ -4,8 +4,9 @@
 //! returns the process exit code. This file only parses the command line, dispatches, and turns
 //! an error into a message and exit status 2.
 //!
-//! Exit statuses: 0 success; 1 the command ran and found problems (a linter error); 2 the
-//! command could not do its job (bad input, unreadable file, refused contract, usage).
+//! Exit statuses: 0 success; 1 the command ran and found problems (a linter error, a refuted
+//! claim, a duplicate effect the chaos proxy saw); 2 the command could not do its job (bad
+//! input, unreadable file, refused contract, usage).
 
 use std::process::ExitCode;
 
@@ -13,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod arenas;
 mod audit;
+mod chaos;
 mod conformance;
 mod consume;
 mod contract;
@@ -28,6 +30,7 @@ mod stores;
 mod token;
 #[cfg(feature = "otel")]
 mod traces;
+mod verify;
 mod wrap;
 
 #[derive(Debug, Parser)]
@@ -84,6 +87,13 @@ enum Command {
     /// The signed log of operator actions: keygen, export, verify.
     #[command(subcommand)]
     Audit(audit::Command),
+    /// Check a contract's claims against its real downstream (staging) through the executor,
+    /// within a budget of effects; exits 1 when a claim is refuted.
+    Verify(verify::VerifyArgs),
+    /// A fault-injecting HTTP proxy for end-to-end tests (loopback or staging): lost answers,
+    /// resets, delays, 5xx and malformed answers, duplicate deliveries; a ledger per key; exits
+    /// 1 when one key committed twice with different references.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// Logs go to stderr. `RUST_LOG` chooses what is logged; without it a server logs at `info`
@@ -236,6 +246,8 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(outbox::run(command)))
             .map(|()| ExitCode::SUCCESS),
         Command::Audit(command) => runtime().and_then(|rt| rt.block_on(audit::run(command))),
+        Command::Verify(args) => runtime().and_then(|rt| rt.block_on(verify::run(args))),
+        Command::Chaos(args) => runtime().and_then(|rt| rt.block_on(chaos::run(args))),
     };
     if let Some(traces) = traces {
         traces.shutdown();

@@ -1,5 +1,5 @@
 //! The shutdown every long-running command passes to the server it runs (`serve`, `mcp`,
-//! `wrap`, `consume`, `outbox publish`): Ctrl-C or SIGTERM, whichever comes first.
+//! `wrap`, `consume`, `outbox publish`, `chaos`): Ctrl-C or SIGTERM, whichever comes first.
 
 /// Completes on Ctrl-C or SIGTERM.
 pub async fn shutdown() {
