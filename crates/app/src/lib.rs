@@ -15,12 +15,17 @@
 //! 4. [`Assembly`] → [`App`] — the executor over the store and the tools; the app starts its
 //!    recoverer ([`App::start_recoverer`], intervals from [`Recovery`]) and answers the two
 //!    calls every face makes, [`App::invoke`] and [`App::status`].
+//! 5. [`operations`] — an operation by key for its caller: the read with its events
+//!    ([`App::operation`]), the listing ([`App::list`]), the operator's actions
+//!    ([`App::reconcile`], [`App::approve`], [`App::deny`]) and [`App::invoke_waiting`], each
+//!    scoped to the caller's tenant and the app's environment.
 //!
 //! [`redact`] writes a store URL without its password, for messages and logs. This crate knows
 //! no protocol: HTTP, MCP and flags are the faces'.
 
 pub mod assembly;
 pub mod contracts;
+pub mod operations;
 pub mod tools;
 
 use std::sync::Arc;
@@ -30,6 +35,7 @@ use idemgate_core::store::Store;
 use idemgate_engine::sealed::SealedStore;
 
 pub use assembly::{App, Assembly, Background, Recovery};
+pub use operations::{ActError, Read};
 pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.
