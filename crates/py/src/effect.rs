@@ -411,67 +411,109 @@ pub struct PyEffect {
     pub callers: Arc<Callers>,
 }
 
+/// A panic while the function's call is under way may have followed the effect: it becomes an
+/// ambiguous answer, which the engine recovers by the lookup or ends `unknown` — never a
+/// refusal, and never a panic in the engine's task.
+async fn guarded<T>(
+    future: impl std::future::Future<Output = T>,
+    on_panic: impl FnOnce(String) -> T,
+) -> T {
+    match crate::runtime::futures_catch(future).await {
+        Ok(answer) => answer,
+        Err(panic) => {
+            let what = crate::runtime::internal(&*panic).to_string();
+            tracing::error!(panic = %what, "idemgate's binding panicked around a tool's function");
+            on_panic(what)
+        }
+    }
+}
+
+/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=after_call` panics after every call of a tool's
+/// function, so the Python tests can prove a panic never reaches the interpreter and never
+/// turns a call that may have had its effect into a refusal. Release builds have no such hook.
+fn test_panic_after_call() {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok("after_call") {
+        panic!("IDEMGATE_PY_TEST_PANIC=after_call");
+    }
+}
+
 impl Downstream for PyEffect {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         let key = request.key.to_string();
         let arguments = request.arguments.clone();
-        Box::pin(async move {
-            let caller = self.callers.get(&key);
-            let call_key = key.clone();
-            let args = move |py: Python<'_>| {
-                let items = [
-                    to_py(py, &arguments)?,
-                    call_key.into_pyobject(py)?.into_any(),
-                ];
-                Ok(PyTuple::new(py, items)?.unbind())
-            };
-            match self.perform.call(args, caller, self.timeout).await {
-                Ok(raw) => attached(|py| Ok(effect_of(py, &raw, &key))).unwrap_or_else(|f| {
-                    // The function answered; only reading its answer failed.
-                    EffectOutcome::ambiguous(match f {
-                        Failure::NotCalled(why) | Failure::Broke(why) => why,
-                    })
-                }),
-                Err(Failure::NotCalled(reason)) => EffectOutcome::NotSent {
-                    reason: format!("the function was not called: {reason}"),
-                    retry_after: None,
-                },
-                Err(Failure::Broke(reason)) => EffectOutcome::ambiguous(reason),
-            }
-        })
+        Box::pin(guarded(
+            async move {
+                let caller = self.callers.get(&key);
+                let call_key = key.clone();
+                let args = move |py: Python<'_>| {
+                    let items = [
+                        to_py(py, &arguments)?,
+                        call_key.into_pyobject(py)?.into_any(),
+                    ];
+                    Ok(PyTuple::new(py, items)?.unbind())
+                };
+                let answer = self.perform.call(args, caller, self.timeout).await;
+                test_panic_after_call();
+                match answer {
+                    Ok(raw) => attached(|py| Ok(effect_of(py, &raw, &key))).unwrap_or_else(|f| {
+                        // The function answered; only reading its answer failed.
+                        EffectOutcome::ambiguous(match f {
+                            Failure::NotCalled(why) | Failure::Broke(why) => why,
+                        })
+                    }),
+                    Err(Failure::NotCalled(reason)) => EffectOutcome::NotSent {
+                        reason: format!("the function was not called: {reason}"),
+                        retry_after: None,
+                    },
+                    Err(Failure::Broke(reason)) => EffectOutcome::ambiguous(reason),
+                }
+            },
+            EffectOutcome::ambiguous,
+        ))
     }
 
     fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
         let key = key.to_string();
-        Box::pin(async move {
-            let Some(lookup) = &self.lookup else {
-                return Lookup::Unavailable("this tool has no lookup".into());
-            };
-            let args = move |py: Python<'_>| Ok(PyTuple::new(py, [key])?.unbind());
-            match lookup.call(args, None, self.timeout).await {
-                Ok(raw) => attached(|py| Ok(lookup_of(py, &raw))).unwrap_or_else(
-                    |(Failure::NotCalled(why) | Failure::Broke(why))| Lookup::Unavailable(why),
-                ),
-                Err(Failure::NotCalled(why) | Failure::Broke(why)) => Lookup::Unavailable(why),
-            }
-        })
+        Box::pin(guarded(
+            async move {
+                let Some(lookup) = &self.lookup else {
+                    return Lookup::Unavailable("this tool has no lookup".into());
+                };
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, [key])?.unbind());
+                match lookup.call(args, None, self.timeout).await {
+                    Ok(raw) => attached(|py| Ok(lookup_of(py, &raw))).unwrap_or_else(
+                        |(Failure::NotCalled(why) | Failure::Broke(why))| Lookup::Unavailable(why),
+                    ),
+                    Err(Failure::NotCalled(why) | Failure::Broke(why)) => Lookup::Unavailable(why),
+                }
+            },
+            Lookup::Unavailable,
+        ))
     }
 
     fn poll_job<'a>(&'a self, key: &'a OperationKey, job_id: &'a str) -> BoxFuture<'a, JobStatus> {
         let key = key.to_string();
         let job_id = job_id.to_string();
-        Box::pin(async move {
-            let Some(poll) = &self.poll else {
-                return JobStatus::Unavailable("this tool has no job poller".into());
-            };
-            let args = move |py: Python<'_>| Ok(PyTuple::new(py, [job_id, key])?.unbind());
-            match poll.call(args, None, self.timeout).await {
-                Ok(raw) => attached(|py| Ok(job_of(py, &raw))).unwrap_or_else(
-                    |(Failure::NotCalled(why) | Failure::Broke(why))| JobStatus::Unavailable(why),
-                ),
-                Err(Failure::NotCalled(why) | Failure::Broke(why)) => JobStatus::Unavailable(why),
-            }
-        })
+        Box::pin(guarded(
+            async move {
+                let Some(poll) = &self.poll else {
+                    return JobStatus::Unavailable("this tool has no job poller".into());
+                };
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, [job_id, key])?.unbind());
+                match poll.call(args, None, self.timeout).await {
+                    Ok(raw) => attached(|py| Ok(job_of(py, &raw))).unwrap_or_else(
+                        |(Failure::NotCalled(why) | Failure::Broke(why))| {
+                            JobStatus::Unavailable(why)
+                        },
+                    ),
+                    Err(Failure::NotCalled(why) | Failure::Broke(why)) => {
+                        JobStatus::Unavailable(why)
+                    }
+                }
+            },
+            JobStatus::Unavailable,
+        ))
     }
 }
 
@@ -499,24 +541,27 @@ impl Authorizer for PyHook {
             }
             .to_string(),
         ];
-        Box::pin(async move {
-            let caller = key.as_deref().and_then(|k| self.callers.get(k));
-            let args = move |py: Python<'_>| Ok(PyTuple::new(py, fields)?.unbind());
-            let decided = match self.authorize.call(args, caller, self.timeout).await {
-                Ok(raw) => attached(|py| {
-                    let (kind, items) = answer(py, &raw).map_err(Failure::Broke)?;
-                    let why = text(items.first()).unwrap_or_else(|| kind.clone());
-                    Ok(match kind.as_str() {
-                        "allowed" => Authorization::Allowed,
-                        "denied" => Authorization::Denied(why),
-                        _ => Authorization::Unavailable(why),
-                    })
-                }),
-                Err(failure) => Err(failure),
-            };
-            decided.unwrap_or_else(|(Failure::NotCalled(why) | Failure::Broke(why))| {
-                Authorization::Unavailable(why)
-            })
-        })
+        Box::pin(guarded(
+            async move {
+                let caller = key.as_deref().and_then(|k| self.callers.get(k));
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, fields)?.unbind());
+                let decided = match self.authorize.call(args, caller, self.timeout).await {
+                    Ok(raw) => attached(|py| {
+                        let (kind, items) = answer(py, &raw).map_err(Failure::Broke)?;
+                        let why = text(items.first()).unwrap_or_else(|| kind.clone());
+                        Ok(match kind.as_str() {
+                            "allowed" => Authorization::Allowed,
+                            "denied" => Authorization::Denied(why),
+                            _ => Authorization::Unavailable(why),
+                        })
+                    }),
+                    Err(failure) => Err(failure),
+                };
+                decided.unwrap_or_else(|(Failure::NotCalled(why) | Failure::Broke(why))| {
+                    Authorization::Unavailable(why)
+                })
+            },
+            Authorization::Unavailable,
+        ))
     }
 }

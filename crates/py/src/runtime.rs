@@ -83,7 +83,7 @@ where
 }
 
 /// Awaits `future`, catching a panic raised while it is polled.
-async fn futures_catch<F: Future>(
+pub async fn futures_catch<F: Future>(
     future: F,
 ) -> Result<F::Output, Box<dyn std::any::Any + Send + 'static>> {
     let mut future = std::pin::pin!(future);
