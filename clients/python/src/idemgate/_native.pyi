@@ -1,7 +1,7 @@
 """The extension module `idemgate._native` (crates/py): the engine, as `idemgate.Local` and
 `idemgate.AsyncLocal` use it. Not a public API; its signatures may change with the package."""
 
-from typing import Any, Awaitable, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import Any, Awaitable, Literal, Mapping, Optional, overload
 
 # (label, operation_key, effect_reference, safe_to_repeat, next_action, retry_after_seconds,
 #  result, error_code, error_message)
