@@ -578,3 +578,64 @@ def test_a_closed_local_takes_no_calls(tmp_path: Path, ledger: Ledger) -> None:
         idemgate.Local(f"sqlite://{tmp_path / 'x.sqlite'}", tenant="")
     with pytest.raises(ValueError, match="tenant: "):
         idemgate.Local(f"sqlite://{tmp_path / 'x.sqlite'}", tenant="a:b")
+
+
+def test_wait_answers_the_settled_outcome_instead_of_in_flight(local: idemgate.Local, ledger: Ledger) -> None:
+    started = threading.Event()
+
+    @local.tool("reports.render")
+    def render(name: str, *, idempotency_key: str) -> dict[str, Any]:
+        started.set()
+        time.sleep(0.5)
+        ledger.effect(idempotency_key, {"name": name})
+        return {"pages": 3}
+
+    first: list[idemgate.Outcome] = []
+    runner = threading.Thread(target=lambda: first.append(render.invoke({"name": "q3"}, workflow_id="w", step_id="s")))
+    runner.start()
+    assert started.wait(10)
+    busy = render.invoke({"name": "q3"}, workflow_id="w", step_id="s")
+    waited = render.invoke({"name": "q3"}, workflow_id="w", step_id="s", wait=10)
+    runner.join(10)
+    assert isinstance(busy, idemgate.InFlight) and busy.next_action == "poll"
+    assert isinstance(waited, idemgate.Replayed) and waited.result == {"pages": 3}
+    assert isinstance(first[0], idemgate.Applied)
+    assert ledger.count() == 1
+
+
+def test_an_operator_settles_an_unknown_by_lookup_or_as_not_applied(local: idemgate.Local, ledger: Ledger) -> None:
+    searchable = {"now": False}
+
+    def find(idempotency_key: str) -> Optional[idemgate.Receipt]:
+        if not searchable["now"]:
+            raise ConnectionError("search is down")
+        reference = ledger.find(idempotency_key)
+        return idemgate.Receipt(reference) if reference else None
+
+    @local.tool("refunds.issue", lookup=find)
+    def issue_refund(order_id: str, *, idempotency_key: str) -> idemgate.Receipt:
+        ledger.call(idempotency_key)
+        if order_id == "committed":
+            ledger.effect(idempotency_key, {"order_id": order_id})
+        raise TimeoutError("no answer")
+
+    committed = issue_refund.invoke({"order_id": "committed"}, workflow_id="w", step_id="a")
+    never = issue_refund.invoke({"order_id": "never"}, workflow_id="w", step_id="b")
+    assert isinstance(committed, idemgate.Unknown) and isinstance(never, idemgate.Unknown)
+    assert committed.operation_key and never.operation_key
+    queue = [r.operation_key for r in local.operations(status="unknown").operations]
+    assert queue == [committed.operation_key, never.operation_key]
+
+    searchable["now"] = True
+    found = local.reconcile(committed.operation_key, reason="search is back")
+    assert isinstance(found, idemgate.Replayed) and found.effect_reference == "eff_1"
+    still = local.reconcile(never.operation_key)
+    assert isinstance(still, idemgate.Unknown)
+    released = local.resolve_not_applied(never.operation_key, reason="checked the provider")
+    # Released, as the engine answers it (API v1: 409): the key may run again.
+    assert isinstance(released, idemgate.InFlight)
+    assert local.operation(never.operation_key).record_status == "pending"
+    assert len(ledger.calls) == 2
+    # Only a new delivery runs a released key again (and this time it is heard).
+    assert isinstance(issue_refund.invoke({"order_id": "never"}, workflow_id="w", step_id="b"), idemgate.Unknown)
+    assert len(ledger.calls) == 3 and ledger.count() == 1
