@@ -61,6 +61,7 @@ def register(engine: idemgate.Local, ledger: FileLedger, with_lookup: bool, hang
             time.sleep(600)
         return idemgate.Receipt(f"row:{idempotency_key}", {"n": n})
 
+    assert isinstance(insert, idemgate.LocalTool)
     return insert
 
 

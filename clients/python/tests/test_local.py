@@ -31,6 +31,7 @@ def refunds(local: idemgate.Local, ledger: Ledger, **options: Any) -> idemgate.L
         reference = ledger.effect(idempotency_key, {"order_id": order_id, "amount": amount})
         return idemgate.Receipt(reference=reference, result={"status": "succeeded"})
 
+    assert isinstance(issue_refund, idemgate.LocalTool)
     return issue_refund
 
 

@@ -64,7 +64,7 @@ def test_sixteen_tasks_on_one_step_make_one_effect(tmp_path: Path, ledger: Ledge
 
             async def deliver() -> str:
                 outcome = await issue.invoke({"order_id": "pi"}, workflow_id="run-2", step_id="refund")
-                return outcome.label
+                return str(outcome.label)
 
             return list(await asyncio.gather(*(deliver() for _ in range(16))))
 
