@@ -640,3 +640,29 @@ def test_an_operator_settles_an_unknown_by_lookup_or_as_not_applied(local: idemg
     # Only a new delivery runs a released key again (and this time it is heard).
     assert isinstance(issue_refund.invoke({"order_id": "never"}, workflow_id="w", step_id="b"), idemgate.Unknown)
     assert len(ledger.calls) == 3 and ledger.count() == 1
+
+
+def test_a_forked_child_is_told_to_make_its_own_local(local: idemgate.Local, ledger: Ledger) -> None:
+    """The engine's threads do not survive fork: the child gets a clear error, never a hang."""
+    import os
+
+    issue_refund = refunds(local, ledger)
+    assert isinstance(issue_refund.invoke({"order_id": "pi", "amount": 1}, workflow_id="w", step_id="s"), idemgate.Applied)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        try:
+            issue_refund.invoke({"order_id": "pi", "amount": 1}, workflow_id="w", step_id="s2")
+            message = "no error"
+        except RuntimeError as e:
+            message = str(e)
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read, 4096).decode()
+    os.close(read)
+    assert status == 0
+    assert "forked" in message and "Create each Local in the process" in message, message
+    assert ledger.count() == 1
