@@ -20,6 +20,7 @@ use idemgate_core::record::{Dispatch, Record, RecordState, RecordStatus};
 use idemgate_engine::{ActionError, Caller, Resolution};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 use serde_json::{Map, Value, json};
 
@@ -404,8 +405,9 @@ impl NativeLocal {
         };
         let waiting = match key {
             Some(key) => {
-                let contextvars = py.import("contextvars")?;
-                let context = contextvars.call_method0("copy_context")?.unbind();
+                static COPY_CONTEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+                let copy_context = COPY_CONTEXT.import(py, "contextvars", "copy_context")?;
+                let context = copy_context.call0()?.unbind();
                 let event_loop = if asynchronous {
                     Some(pyo3_async_runtimes::get_running_loop(py)?.unbind())
                 } else {
