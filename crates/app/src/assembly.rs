@@ -1,7 +1,10 @@
 //! The assembly itself: a store and the tools → the executor (its authorizer the tools' own
-//! routing) → the recoverer, and the two things every face does with the result: one
-//! delivery of a tool call ([`App::invoke`]) and the status of an operation for its caller
-//! ([`App::status`]).
+//! routing) → the recoverer, and what every face does with the result: one delivery of a tool
+//! call ([`App::invoke`], or [`App::invoke_waiting`] for a caller that waits for an in-flight
+//! operation to settle), and the reads of an operation for its caller ([`App::status`],
+//! [`App::operation`], [`App::record`] for an operator's action, [`App::list`] and
+//! [`App::waiting`] for the queues) — whose tenant and environment scope is decided here, in
+//! [`App::owns`] for a key and by these listings for a page.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,8 @@ use idemgate_core::clock::{Clock, SystemClock};
 use idemgate_core::effect::Downstream;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
-use idemgate_core::store::Store;
+use idemgate_core::record::Record;
+use idemgate_core::store::{self, Filter, Store, Waiting, WaitingOn};
 use idemgate_engine::{Caller, Executor, Observer, Operation, Recoverer, Settings, StatusRead};
 use serde_json::Value;
 
@@ -45,7 +49,12 @@ pub struct Assembly {
     settings: Settings,
     observer: Option<Arc<dyn Observer>>,
     recovery: Recovery,
+    key_part_bytes: usize,
 }
+
+/// The longest `workflow_id` or `step_id` a caller may name unless configured otherwise, in
+/// bytes (the joined key is bounded to 255 bytes as well).
+pub const DEFAULT_KEY_PART_BYTES: usize = 128;
 
 impl Assembly {
     pub fn new(store: Arc<dyn Store>, tools: ToolSet, environment: impl Into<String>) -> Assembly {
@@ -57,7 +66,15 @@ impl Assembly {
             settings: Settings::default(),
             observer: None,
             recovery: Recovery::default(),
+            key_part_bytes: DEFAULT_KEY_PART_BYTES,
         }
+    }
+
+    /// The longest `workflow_id` or `step_id` a caller may name, in bytes (every face: API
+    /// v1's `[limits] key_part_bytes`).
+    pub fn key_part_bytes(mut self, max: usize) -> Assembly {
+        self.key_part_bytes = max;
+        self
     }
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Assembly {
@@ -113,6 +130,7 @@ impl Assembly {
             tools,
             environment: self.environment,
             recovery: self.recovery,
+            key_part_bytes: self.key_part_bytes,
         }
     }
 }
@@ -125,6 +143,7 @@ pub struct App {
     tools: Arc<ToolSet>,
     environment: String,
     recovery: Recovery,
+    key_part_bytes: usize,
 }
 
 fn store_down(key: &OperationKey, e: &dyn std::fmt::Display) -> Outcome {
@@ -180,6 +199,11 @@ impl App {
         }
     }
 
+    /// The longest `workflow_id` or `step_id` a caller may name, in bytes.
+    pub fn key_part_bytes(&self) -> usize {
+        self.key_part_bytes
+    }
+
     /// One delivery of a call of `tool` (a contract name). `workflow_id` and `step_id` name
     /// the operation, or are `None` when the caller named none. A tool that is not served
     /// answers `rejected` / `unknown_tool`.
@@ -191,6 +215,21 @@ impl App {
         step_id: Option<String>,
         arguments: Value,
     ) -> Outcome {
+        self.invoke_waiting(caller, tool, workflow_id, step_id, arguments, None)
+            .await
+    }
+
+    /// [`App::invoke`] for a caller that waits up to `wait` for an in-flight operation (its
+    /// own, or another delivery's) to settle before the answer, instead of polling.
+    pub async fn invoke_waiting(
+        &self,
+        caller: Caller,
+        tool: &str,
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        arguments: Value,
+        wait: Option<Duration>,
+    ) -> Outcome {
         let Some(tool) = self.tools.get(tool) else {
             return Outcome::rejected(
                 None,
@@ -198,42 +237,111 @@ impl App {
                 format!("no tool `{tool}` is served here"),
             );
         };
+        // The same bounds on the operation's parts whichever face carried the call.
+        for (name, part) in [("workflow_id", &workflow_id), ("step_id", &step_id)] {
+            if let Some(part) = part
+                && let Err(message) = check_part(name, part, self.key_part_bytes)
+            {
+                return Outcome::rejected(None, ErrorCode::InvalidOperationKey, message);
+            }
+        }
         let operation = Operation {
             caller,
             environment: self.environment.clone(),
             workflow_id,
             step_id,
         };
+        let arguments = Arc::new(arguments);
         // Detached: a caller that stops waiting (a cancelled call, a closed stream) does not
         // stop the effect; the claimed execution runs to a settled state on its own task.
+        match wait {
+            Some(wait) if !wait.is_zero() => {
+                self.executor
+                    .execute_waiting(tool.contract, operation, arguments, tool.downstream, wait)
+                    .await
+            }
+            Some(_) | None => {
+                self.executor
+                    .execute_detached(tool.contract, operation, arguments, tool.downstream)
+                    .await
+            }
+        }
+    }
+
+    /// Whether `key` is an operation `tenant`'s callers may read or act on here: their own
+    /// tenant's, in this app's environment. **The one place** a read's scope is decided: every
+    /// face's reads go through it ([`App::record`], [`App::operation`], [`App::status`]), so
+    /// another tenant's or another environment's key is not found, exactly as a missing one.
+    pub fn owns(&self, tenant: &str, key: &OperationKey) -> bool {
+        key.tenant() == tenant && key.environment() == self.environment
+    }
+
+    /// The record under `key` if `tenant` may see it ([`App::owns`]): for an operator's action,
+    /// which goes through the executor's operator paths, and for reads that show no stored
+    /// result. `None` for another tenant's or environment's key, exactly as a missing one.
+    pub async fn record(
+        &self,
+        tenant: &str,
+        key: &OperationKey,
+    ) -> Result<Option<Record>, store::Error> {
+        if !self.owns(tenant, key) {
+            return Ok(None);
+        }
+        self.executor.store().get(key).await
+    }
+
+    /// A page of `tenant`'s operations in this environment, as `filter` selects them otherwise
+    /// (status, tool, keyset position, limit): the filter's tenant and environment are this
+    /// scope's, whatever it said.
+    pub async fn list(&self, tenant: &str, filter: Filter) -> Result<Vec<Record>, store::Error> {
         self.executor
-            .execute_detached(
-                tool.contract,
-                operation,
-                Arc::new(arguments),
-                tool.downstream,
-            )
+            .store()
+            .list(Filter {
+                tenant: Some(tenant.to_string()),
+                environment: Some(self.environment.clone()),
+                ..filter
+            })
             .await
     }
 
-    /// Where an operation stands, for its caller. `None` when there is no such operation
-    /// *for this caller*: another tenant's or another environment's key answers `None`
-    /// exactly as a missing one. A store failure answers `rejected` / `store_unavailable`.
-    pub async fn status(&self, caller: &Caller, key: &OperationKey) -> Option<Outcome> {
-        if key.tenant() != caller.tenant || key.environment() != self.environment {
-            return None;
-        }
-        let record = match self.executor.store().get(key).await {
-            Ok(Some(record)) => record,
-            Ok(None) => return None,
-            Err(e) => return Some(store_down(key, &e)),
+    /// A page of `tenant`'s operations in this environment waiting `on` something (a lease
+    /// past its end, a job in progress), by key after `after`: the console's queues.
+    pub async fn waiting(
+        &self,
+        tenant: &str,
+        on: WaitingOn,
+        tool: Option<String>,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<Record>, store::Error> {
+        self.executor
+            .store()
+            .waiting(Waiting {
+                tenant: tenant.to_string(),
+                environment: self.environment.clone(),
+                on,
+                tool,
+                after,
+                limit,
+            })
+            .await
+    }
+
+    /// Where an operation stands for its caller, with the record it was read from: the
+    /// stored result is handed out like a replay, so the caller is rechecked first
+    /// ([`StatusRead::Denied`]). With the record's tool loaded, reading the status polls an
+    /// accepted job, so polling here finishes it. `None` when there is no such operation for
+    /// this caller.
+    pub async fn operation(
+        &self,
+        caller: &Caller,
+        key: &OperationKey,
+    ) -> Result<Option<StatusRead>, store::Error> {
+        let Some(record) = self.record(&caller.tenant, key).await? else {
+            return Ok(None);
         };
-        // With the record's tool, reading the status polls an accepted job, so polling here
-        // finishes it.
         let tool = self.tools.get(&record.tool);
-        // The stored result is handed out like a replay: the caller is rechecked first.
-        match self
-            .executor
+        self.executor
             .status(
                 tool.as_ref().map(|t| t.contract.as_ref()),
                 key,
@@ -241,7 +349,12 @@ impl App {
                 caller,
             )
             .await
-        {
+    }
+
+    /// Where an operation stands, for its caller: [`App::operation`]'s outcome. A store
+    /// failure answers `rejected` / `store_unavailable`.
+    pub async fn status(&self, caller: &Caller, key: &OperationKey) -> Option<Outcome> {
+        match self.operation(caller, key).await {
             Ok(Some(StatusRead::Found { outcome, .. } | StatusRead::Denied(outcome))) => {
                 Some(outcome)
             }
@@ -249,6 +362,25 @@ impl App {
             Err(e) => Some(store_down(key, &e)),
         }
     }
+}
+
+/// Bounds one caller-supplied key part. Its characters are checked by `OperationKey`.
+pub fn check_part(part: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{part} is empty"));
+    }
+    if value.len() > max {
+        return Err(format!(
+            "{part} is {} bytes long; at most {max} are allowed",
+            value.len()
+        ));
+    }
+    if value.contains(':') {
+        return Err(format!(
+            "{part} contains `:`, which separates the parts of an operation key"
+        ));
+    }
+    Ok(())
 }
 
 /// The recoverer running in the background; stopped by [`Background::stop`].

@@ -15,15 +15,19 @@
 //! 4. [`Assembly`] → [`App`] — the executor over the store and the tools; the app starts its
 //!    recoverer ([`App::start_recoverer`], intervals from [`Recovery`]) and answers the two
 //!    calls every face makes, [`App::invoke`] and [`App::status`].
-//! 5. [`operations`] — an operation by key for its caller: the read with its events
-//!    ([`App::operation`]), the listing ([`App::list`]), the operator's actions
-//!    ([`App::reconcile`], [`App::approve`], [`App::deny`]) and [`App::invoke_waiting`], each
-//!    scoped to the caller's tenant and the app's environment.
+//! 5. [`operations`] — the operator's actions by key for a face that holds no tool of its own
+//!    (the in-process packages): [`App::reconcile`], [`App::approve`], [`App::deny`], scoped
+//!    by [`App::owns`] like every read.
+//!
+//! [`config`] is the configuration file every face reads — the application's part of it, the
+//! faces' sections read from the same text by the faces, and [`config::File::assembly`], the
+//! step from the file to steps 1–4.
 //!
 //! [`redact`] writes a store URL without its password, for messages and logs. This crate knows
 //! no protocol: HTTP, MCP and flags are the faces'.
 
 pub mod assembly;
+pub mod config;
 pub mod contracts;
 pub mod operations;
 pub mod tools;
@@ -34,8 +38,8 @@ use idemgate_core::audit::Sealer;
 use idemgate_core::store::Store;
 use idemgate_engine::sealed::SealedStore;
 
-pub use assembly::{App, Assembly, Background, Recovery};
-pub use operations::{ActError, Read};
+pub use assembly::{App, Assembly, Background, Recovery, check_part};
+pub use operations::ActError;
 pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.

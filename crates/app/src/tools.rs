@@ -110,9 +110,9 @@ struct Served {
 }
 
 impl ToolSet {
-    /// Builds the tools of `contracts` through `effects`, served in the order given. Two
-    /// contracts with one name, or a tool whose effect cannot be built, is an error naming the
-    /// tool.
+    /// Builds the tools of `contracts` through `effects`, served in name order (as API v1
+    /// lists them, so every face lists one set alike). Two contracts with one name, or a tool
+    /// whose effect cannot be built, is an error naming the tool.
     pub fn build(contracts: Vec<Contract>, effects: &dyn Effects) -> Result<ToolSet, BuildError> {
         let mut tools = Vec::with_capacity(contracts.len());
         for contract in contracts {
@@ -133,6 +133,8 @@ impl ToolSet {
                 authorizer,
             });
         }
+        // Stable: two contracts of one name stay in their order, for `from_tools` to refuse.
+        tools.sort_by(|a, b| a.contract.name.cmp(&b.contract.name));
         ToolSet::from_tools(tools)
     }
 

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
+use idemgate_app::redact;
 use idemgate_audit::{Expect, KEY_VAR, PublicKey, SigningKey};
-use idemgate_server::serve::redact;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -100,7 +100,7 @@ async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let url = match (&args.store, &args.config) {
         (Some(url), _) => url.trim().to_string(),
         (None, Some(path)) => {
-            idemgate_server::config::Config::load(path)
+            idemgate_app::config::File::load(path)
                 .map_err(|e| anyhow!("{e}"))?
                 .config
                 .store

@@ -8,12 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use idemgate_app::ToolSet;
+use idemgate_app::config::{Config, File};
 use idemgate_queue::nats::{self, AckFault, Options, Report};
 use idemgate_queue::{Consumer, envelope};
-use idemgate_server::auth::Tokens;
-use idemgate_server::config::{Config, Loaded};
-use idemgate_server::serve;
 
 /// The test-only fault switch: the share (0 to 1) of acknowledgements this process drops.
 const DROP_ACKS_VAR: &str = "IDEMGATE_FAULT_DROP_ACKS";
@@ -54,7 +51,7 @@ pub struct ConsumeArgs {
     /// Deliveries of one message at most (-1: no bound).
     #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
     max_deliver: i64,
-    /// The gateway's configuration file (TOML): store, environment, contracts, limits,
+    /// The gateway's configuration file (TOML): store, environment, contracts, executor,
     /// recovery.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -73,9 +70,9 @@ pub struct ConsumeArgs {
 }
 
 /// The configuration from --config, or one made of the flags.
-fn configuration(args: &ConsumeArgs) -> anyhow::Result<Loaded> {
+fn configuration(args: &ConsumeArgs) -> anyhow::Result<File> {
     if let Some(path) = &args.config {
-        return Ok(Config::load(path)?);
+        return Ok(File::load(path)?);
     }
     let mut config = Config::development();
     config.sandbox = args.sandbox;
@@ -88,11 +85,7 @@ fn configuration(args: &ConsumeArgs) -> anyhow::Result<Loaded> {
     if let Some(environment) = &args.environment {
         config.environment = environment.clone();
     }
-    Ok(Loaded {
-        config,
-        base: PathBuf::from("."),
-        development: false,
-    })
+    Ok(File::from_config(config))
 }
 
 fn ack_fault() -> anyhow::Result<AckFault> {
@@ -112,14 +105,9 @@ fn ack_fault() -> anyhow::Result<AckFault> {
 }
 
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let loaded = configuration(&args)?;
-    serve::check_supported(&loaded.config)?;
-    let contracts = serve::contracts(&loaded)?;
-    let config = loaded.config;
-    let tools = ToolSet::build(contracts, serve::effects(&config).as_ref())
-        .map_err(|e| anyhow::anyhow!("contracts: {e}"))?;
-    // No tokens: nobody calls in; the tenant is this consumer's configuration.
-    let state = serve::assemble(&config, tools, Tokens::from_config(&[])).await?;
+    let file = configuration(&args)?;
+    let app = file.assembly(file.tools()?).await?.build();
+    let config = &file.config;
     let options = Options {
         durable: args.durable.clone(),
         max_in_flight: args.max_in_flight,
@@ -128,17 +116,8 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         ack_fault: ack_fault()?,
         ..Options::new(args.stream.clone(), args.subjects.clone())
     };
-    let consumer = Consumer::new(
-        state.executor().clone(),
-        state.tools().clone(),
-        args.tenant.clone(),
-        state.environment().to_string(),
-        args.actor.clone(),
-    )
-    .with_limits(envelope::Limits {
-        max_bytes: config.limits.body_bytes,
-        max_depth: config.limits.json_depth,
-    });
+    let consumer = Consumer::new(app.clone(), args.tenant.clone(), args.actor.clone())
+        .with_limits(envelope::Limits::from_file(&file)?);
     let client = async_nats::connect(args.nats.as_str())
         .await
         .with_context(|| format!("connecting to NATS at {}", args.nats))?;
@@ -154,16 +133,16 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         "  tenant {}, environment {}, store {}, tools: {}",
         args.tenant,
         config.environment,
-        serve::redact(&config.store),
-        state.tools().names().join(", ")
+        idemgate_app::redact(&config.store),
+        app.tools().names().join(", ")
     );
 
     // The recoverer finishes what a killed consumer left pending, as in `serve` (its
     // `[recovery]` intervals).
-    let background = state.app().start_recoverer();
+    let background = app.start_recoverer();
     let report = Arc::new(Report::default());
     let result = nats::run(client, consumer, options, report.clone(), async {
-        serve::shutdown_signal().await;
+        crate::signals::shutdown().await;
         println!("idemgate: shutting down; finishing the messages in hand");
     })
     .await;

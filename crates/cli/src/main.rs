@@ -23,6 +23,7 @@ mod migrate;
 mod ops;
 mod outbox;
 mod serve;
+mod signals;
 mod stores;
 mod token;
 #[cfg(feature = "otel")]

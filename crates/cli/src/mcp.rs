@@ -3,8 +3,9 @@
 //!
 //! Without `--config`: the contracts `--contracts` names, each with its HTTP downstream and
 //! authorization hook (or with `--fake-downstream` the in-process fakes), over the store
-//! `--store` names. With `--config FILE` (the gateway's TOML configuration) the gateway's own
-//! loader reads the file (`idemgate_server::mcp::stdio`).
+//! `--store` names. With `--config FILE` (the gateway's TOML configuration) the application's
+//! loader reads the file and the MCP face its `[mcp]` section (`idemgate_mcp::assembly::
+//! serve_config`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,14 +83,17 @@ pub fn interval(text: &str) -> Result<Duration, String> {
 /// Runs `idemgate mcp` until the client closes stdin, or Ctrl-C / SIGTERM.
 pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     if let Some(config) = args.config {
-        // The gateway's configuration, read by the gateway's own loader.
-        idemgate_server::mcp::stdio(idemgate_server::mcp::StdioOptions {
-            config,
-            tenant: args.tenant,
-            actor: args.actor,
-            fake_downstream: args.fake_downstream,
-            identity: args.identity,
-        })
+        // The configuration file, read by the application's loader.
+        assembly::serve_config(
+            assembly::ConfigOptions {
+                config,
+                tenant: args.tenant,
+                actor: args.actor,
+                fake_downstream: args.fake_downstream,
+                identity: args.identity,
+            },
+            crate::signals::shutdown(),
+        )
         .await?;
         return Ok(());
     }
@@ -143,7 +147,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         Arc::new(app.clone()),
         local.caller(),
         options,
-        idemgate_server::serve::shutdown_signal(),
+        crate::signals::shutdown(),
     )
     .await?;
     Ok(())

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use idemgate_server::serve::redact;
+use idemgate_app::redact;
 
 #[derive(Debug, clap::Args)]
 pub struct MigrateArgs {

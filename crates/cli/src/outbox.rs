@@ -58,7 +58,7 @@ async fn source(url: &str) -> anyhow::Result<Source> {
         return Ok(Source::Sqlite(outbox));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let shown = idemgate_server::serve::redact(url);
+        let shown = idemgate_app::redact(url);
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .with_context(|| format!("connecting to {shown}"))?;
@@ -102,12 +102,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     }
     println!(
         "idemgate outbox publishing {} to {} at {}",
-        idemgate_server::serve::redact(&args.database),
+        idemgate_app::redact(&args.database),
         args.subject,
         args.nats
     );
     let mut total = 0usize;
-    let shutdown = idemgate_server::serve::shutdown_signal();
+    let shutdown = crate::signals::shutdown();
     tokio::pin!(shutdown);
     loop {
         let published = tokio::select! {

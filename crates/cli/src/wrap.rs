@@ -615,7 +615,7 @@ async fn serve(
         Arc::new(app.clone()),
         settings.local.caller(),
         options,
-        idemgate_server::serve::shutdown_signal(),
+        crate::signals::shutdown(),
     )
     .await;
     refreshing.abort();

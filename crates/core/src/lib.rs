@@ -20,6 +20,7 @@
 //! - [`transitions`] — every transition the executor makes, as data: the next state, the
 //!   fence (grown in one function), the trace entries, and retention counted from settlement.
 //! - [`outcome::Outcome`] — the labelled answer every face returns.
+//! - [`describe`] — the description a model reads of a tool, from its contract.
 //! - [`webhook`] — a webhook event's deduplication row, bound to the operation it finished.
 //! - [`audit`] — the operator actions' hash-chained, signed log: entries as data, their
 //!   canonical bytes and hashes; the store seals each in its transition's transaction.
@@ -32,6 +33,7 @@ pub mod audit;
 pub mod canonical;
 pub mod clock;
 pub mod contract;
+pub mod describe;
 pub mod duration;
 pub mod effect;
 pub mod fingerprint;

@@ -207,7 +207,7 @@ impl Shared {
                     .unwrap_or("")
                     .trim()
                     .to_string();
-                let ours = tools::windowed_semantics(contract, window);
+                let ours = idemgate_core::describe::windowed_semantics(contract, window);
                 parsed.description = Some(if theirs.is_empty() {
                     format!("Retries: {ours}").into()
                 } else {
@@ -712,13 +712,9 @@ impl Handler {
             };
             // The key must name an operation of this caller, in this environment, made with
             // this tool; one refusal for every other case.
-            let record = if of.tenant() == caller.tenant && of.environment() == environment {
-                match gateway.record(&of).await {
-                    Ok(record) => record,
-                    Err(e) => return Named::Refused(store_down(e)),
-                }
-            } else {
-                None
+            let record = match gateway.record(&caller.tenant, &of).await {
+                Ok(record) => record,
+                Err(e) => return Named::Refused(store_down(e)),
             };
             if let Err(refused) =
                 derive::check_repeat(record.as_ref(), &principal, &environment, &contract.name)
@@ -745,7 +741,7 @@ impl Handler {
         };
         // An operation first called in the previous interval, less than a window ago, is this
         // call's; otherwise the current interval's key, claimed (or found) by the executor.
-        let key = match gateway.record(&keys.previous).await {
+        let key = match gateway.record(&caller.tenant, &keys.previous).await {
             Ok(Some(previous)) if derive::within_window(&previous, window, now) => keys.previous,
             Ok(_) => keys.current,
             Err(e) => return Named::Refused(store_down(e)),
@@ -772,14 +768,15 @@ impl Handler {
         // The record names its tool and times (read after the status read, which rechecked
         // the caller).
         let now = self.shared.gateway.now();
-        let (tool, created_at, updated_at) = match self.shared.gateway.record(&key).await {
-            Ok(Some(record)) => (
-                tools::tool_name(&record.tool),
-                record.created_at,
-                record.updated_at,
-            ),
-            _ => (STATUS_TOOL.to_string(), now, now),
-        };
+        let (tool, created_at, updated_at) =
+            match self.shared.gateway.record(&caller.tenant, &key).await {
+                Ok(Some(record)) => (
+                    tools::tool_name(&record.tool),
+                    record.created_at,
+                    record.updated_at,
+                ),
+                _ => (STATUS_TOOL.to_string(), now, now),
+            };
         Ok(TaskOperation {
             key,
             outcome,

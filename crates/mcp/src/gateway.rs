@@ -1,10 +1,8 @@
 //! What the MCP face needs from whoever runs the executor: the [`Gateway`] trait, and its
-//! implementation over the one application assembly, [`idemgate_app::App`] (`idemgate mcp`,
-//! `idemgate wrap`).
-//!
-//! The HTTP gateway implements the same trait for its own state (the same `App`, with API v1's
-//! bounds) and mounts the streamable-HTTP service at `/mcp`, so both faces share one executor,
-//! one store and one set of downstreams.
+//! implementation over the one application assembly, [`idemgate_app::App`] — for `idemgate
+//! mcp`, `idemgate wrap`, and `/mcp` of `idemgate serve`, which mounts the streamable-HTTP
+//! service over the same `App` as API v1, so both faces share one executor, one store and one
+//! set of downstreams.
 
 use std::sync::Arc;
 
@@ -49,11 +47,13 @@ pub trait Gateway: Send + Sync + 'static {
     /// The environment part of every operation key this gateway makes.
     fn environment(&self) -> &str;
 
-    /// The record under `key`, read for the session-window identity rule only (its creation
-    /// time, tool and actor decide which key a call without `_meta` gets). Never handed to a
-    /// caller: what a caller sees goes through [`Gateway::status`] and its recheck.
+    /// The record under `key` if it is `tenant`'s in this environment (`None` otherwise, as a
+    /// missing one), read for the session-window identity rule and a task's times only (its
+    /// creation time, tool and actor decide which key a call without `_meta` gets). Never
+    /// handed to a caller: what a caller sees goes through [`Gateway::status`] and its recheck.
     fn record<'a>(
         &'a self,
+        tenant: &'a str,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Result<Option<Record>, store::Error>>;
 
@@ -72,9 +72,10 @@ impl Gateway for App {
 
     fn record<'a>(
         &'a self,
+        tenant: &'a str,
         key: &'a OperationKey,
     ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
-        self.executor().store().get(key)
+        Box::pin(App::record(self, tenant, key))
     }
 
     fn now(&self) -> Millis {

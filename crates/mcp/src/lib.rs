@@ -5,8 +5,8 @@
 //!
 //! - [`Gateway`] — what this face needs from whoever runs the executor: the contracts,
 //!   `invoke` one delivery, `status` of an operation for the caller's tenant. The one
-//!   application assembly, [`idemgate_app::App`], implements it; the HTTP gateway implements it
-//!   over its own state (the same `App`, with API v1's bounds).
+//!   application assembly, [`idemgate_app::App`], implements it, for every transport: stdio
+//!   here, and streamable HTTP wherever `idemgate serve` mounts [`streamable_http_service_with`].
 //! - [`tools`] — the mapping as plain data: contract ⇒ tool name, description, schemas and
 //!   annotations; `_meta` ⇒ operation identity; outcome ⇒ result with one sentence for the model.
 //! - [`identity`] — keys for hosts that cannot send `_meta` (the `session_window` rule and
@@ -19,8 +19,10 @@
 //!   requests passed through ([`wrapped::Passthrough`]).
 //! - [`assembly`] — the local faces over stdio (`idemgate mcp`, `idemgate wrap`): the one
 //!   local caller ([`assembly::Local`]) and [`assembly::serve_stdio`], which runs the app's
-//!   recoverer while it serves. Flags are the binary's (`crates/cli`); the app is assembled by
-//!   `idemgate_app`.
+//!   recoverer while it serves; [`assembly::serve_config`] is `idemgate mcp --config`, the
+//!   configuration file's app over stdio. Flags are the binary's (`crates/cli`); the app is
+//!   assembled by `idemgate_app`.
+//! - [`config`] — this face's section of the configuration file, `[mcp]`.
 //!
 //! The operation key is never the model's: the agent runtime names the operation in the call's
 //! `_meta` (`"io.idemgate/operation": {"workflow_id", "step_id"}`) — or, under the
@@ -29,6 +31,7 @@
 
 pub mod adapter;
 pub mod assembly;
+pub mod config;
 pub mod fake;
 pub mod gateway;
 pub mod identity;

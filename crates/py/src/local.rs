@@ -12,12 +12,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idemgate_app::{ActError, App, Assembly, Background, Read, Recovery, Tool, ToolSet};
+use idemgate_app::{ActError, App, Assembly, Background, Recovery, Tool, ToolSet};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
 use idemgate_core::record::{Dispatch, Record, RecordState, RecordStatus};
-use idemgate_engine::{ActionError, Caller, Resolution};
+use idemgate_core::store::Filter;
+use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -168,6 +169,12 @@ fn summary(record: &Record) -> Value {
         "updated_at": record.updated_at,
         "expires_at": record.expires_at,
     })
+}
+
+/// What reading one operation found, before it is converted for Python.
+enum Seen {
+    Found(Box<Record>, Outcome, Vec<idemgate_core::record::Event>),
+    Denied(Outcome),
 }
 
 /// The answer for a key that names no operation of this caller (a malformed one included).
@@ -428,22 +435,15 @@ impl NativeLocal {
         self.outcome(py, asynchronous, async move {
             // Held until the answer: the tool's function runs in this caller's context.
             let _waiting = waiting;
-            match wait {
-                Some(wait) => {
-                    app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
-                        .await
-                }
-                None => {
-                    app.invoke(caller, &tool, workflow_id, step_id, arguments)
-                        .await
-                }
-            }
+            app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
+                .await
         })
     }
 
     /// An operation for this Local's tenant: `None` when there is none, else
     /// `("found", body, outcome)` — `body` the members API v1 gives it (record, `receipt`,
-    /// `events`) — or `("denied", outcome)` when the tool's hook refused the reader.
+    /// `events`) — `("denied", outcome)` when the tool's hook refused the reader, or
+    /// `("error", outcome)` when the store could not be read.
     fn operation<'py>(
         &self,
         py: Python<'py>,
@@ -456,23 +456,30 @@ impl NativeLocal {
             let Ok(key) = OperationKey::parse(&key) else {
                 return Ok(Python::attach(|py| py.None()));
             };
-            let read = app.operation(&caller, &key).await;
+            let read: Result<Option<Seen>, idemgate_core::store::Error> = async {
+                Ok(match app.operation(&caller, &key).await? {
+                    None => None,
+                    Some(StatusRead::Denied(outcome)) => Some(Seen::Denied(outcome)),
+                    Some(StatusRead::Found { record, outcome }) => {
+                        // Read after the record, as API v1 does: the trace that led there.
+                        let events = app.executor().store().events(&key).await?;
+                        Some(Seen::Found(Box::new(record), outcome, events))
+                    }
+                })
+            }
+            .await;
             Python::attach(|py| {
+                let tagged = |tag: &str, outcome: &Outcome| -> PyResult<Bound<'_, PyAny>> {
+                    let items = [
+                        tag.into_pyobject(py)?.into_any(),
+                        outcome_tuple(py, outcome)?.into_bound(py),
+                    ];
+                    Ok(PyTuple::new(py, items)?.into_any())
+                };
                 let answer = match read {
                     Ok(None) => py.None().into_bound(py),
-                    Ok(Some(Read::Denied(outcome))) => PyTuple::new(
-                        py,
-                        [
-                            "denied".into_pyobject(py)?.into_any(),
-                            outcome_tuple(py, &outcome)?.into_bound(py),
-                        ],
-                    )?
-                    .into_any(),
-                    Ok(Some(Read::Found {
-                        record,
-                        outcome,
-                        events,
-                    })) => {
+                    Ok(Some(Seen::Denied(outcome))) => tagged("denied", &outcome)?,
+                    Ok(Some(Seen::Found(record, outcome, events))) => {
                         let mut body = summary(&record);
                         body["receipt"] = match &record.state {
                             RecordState::Applied(r) => {
@@ -491,15 +498,12 @@ impl NativeLocal {
                                        "worker": e.worker, "detail": e.detail})
                             })
                             .collect();
-                        PyTuple::new(
-                            py,
-                            [
-                                "found".into_pyobject(py)?.into_any(),
-                                to_py(py, &body)?,
-                                outcome_tuple(py, &outcome)?.into_bound(py),
-                            ],
-                        )?
-                        .into_any()
+                        let items = [
+                            "found".into_pyobject(py)?.into_any(),
+                            to_py(py, &body)?,
+                            outcome_tuple(py, &outcome)?.into_bound(py),
+                        ];
+                        PyTuple::new(py, items)?.into_any()
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "operation read: store unavailable");
@@ -508,14 +512,7 @@ impl NativeLocal {
                             ErrorCode::StoreUnavailable,
                             "the operation store could not be read",
                         );
-                        PyTuple::new(
-                            py,
-                            [
-                                "error".into_pyobject(py)?.into_any(),
-                                outcome_tuple(py, &outcome)?.into_bound(py),
-                            ],
-                        )?
-                        .into_any()
+                        tagged("error", &outcome)?
                     }
                 };
                 Ok(answer.unbind())
@@ -551,13 +548,17 @@ impl NativeLocal {
             return Err(PyValueError::new_err("limit is between 1 and 500"));
         }
         run(py, asynchronous, async move {
-            let records = app
-                .list(&caller, status, tool, after, limit)
-                .await
-                .map_err(|e| {
-                    tracing::warn!(error = %e, "listing: store unavailable");
-                    PyRuntimeError::new_err("the operation store could not be read")
-                })?;
+            let filter = Filter {
+                status,
+                tool,
+                after,
+                limit,
+                ..Filter::default()
+            };
+            let records = app.list(&caller.tenant, filter).await.map_err(|e| {
+                tracing::warn!(error = %e, "listing: store unavailable");
+                PyRuntimeError::new_err("the operation store could not be read")
+            })?;
             let next_after = (records.len() == limit)
                 .then(|| records.last().map(|r| r.key.to_string()))
                 .flatten();

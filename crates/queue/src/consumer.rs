@@ -6,10 +6,9 @@
 //! after the record settled or was handed on. A consumer killed before that leaves the message
 //! unacknowledged; its redelivery finds the record this delivery claimed.
 
-use std::sync::Arc;
-
+use idemgate_app::App;
 use idemgate_core::outcome::Outcome;
-use idemgate_engine::{Caller, Executor, Operation, Tools};
+use idemgate_engine::Caller;
 
 use crate::disposition::Disposition;
 use crate::envelope::{self, Envelope};
@@ -33,32 +32,22 @@ pub struct Handled {
     pub outcome: Option<Outcome>,
 }
 
-/// Hands envelopes to the executor under one tenant and environment.
+/// Hands envelopes to the application under one tenant, in the application's environment.
 #[derive(Clone)]
 pub struct Consumer {
-    executor: Executor,
-    tools: Arc<dyn Tools>,
+    app: App,
     tenant: String,
-    environment: String,
     default_actor: String,
     limits: envelope::Limits,
 }
 
 impl Consumer {
-    /// A consumer for `tenant`'s operations in `environment`. The actor of an envelope that
-    /// names none is `default_actor`.
-    pub fn new(
-        executor: Executor,
-        tools: Arc<dyn Tools>,
-        tenant: impl Into<String>,
-        environment: impl Into<String>,
-        default_actor: impl Into<String>,
-    ) -> Consumer {
+    /// A consumer for `tenant`'s operations in `app`'s environment. The actor of an envelope
+    /// that names none is `default_actor`.
+    pub fn new(app: App, tenant: impl Into<String>, default_actor: impl Into<String>) -> Consumer {
         Consumer {
-            executor,
-            tools,
+            app,
             tenant: tenant.into(),
-            environment: environment.into(),
             default_actor: default_actor.into(),
             limits: envelope::Limits::default(),
         }
@@ -74,15 +63,15 @@ impl Consumer {
     }
 
     pub fn environment(&self) -> &str {
-        &self.environment
+        self.app.environment()
     }
 
     /// Handles one message's payload: parse the envelope, claim or load the operation's record
-    /// through the executor (which performs the effect at most once per key), and say what the
-    /// queue should do with the message.
+    /// through the application (whose executor performs the effect at most once per key), and
+    /// say what the queue should do with the message.
     ///
-    /// The execution runs on a task of its own ([`Executor::execute_detached`]): an adapter
-    /// that stops waiting (a shutdown) does not cut an effect off half-way.
+    /// The execution runs on a task of its own ([`App::invoke`]): an adapter that stops waiting
+    /// (a shutdown) does not cut an effect off half-way.
     pub async fn handle(&self, payload: &[u8], delivery: &Delivery) -> Handled {
         let message_id = delivery.message_id.as_deref();
         let attempt = delivery.attempt;
@@ -103,7 +92,7 @@ impl Consumer {
                 };
             }
         };
-        let Some((contract, downstream)) = self.tools.resolve(&envelope.tool) else {
+        if self.app.tools().get(&envelope.tool).is_none() {
             let reason = format!("no tool `{}` is loaded here", envelope.tool);
             tracing::warn!(
                 message_id,
@@ -120,27 +109,23 @@ impl Consumer {
                 },
                 outcome: None,
             };
-        };
-        let operation = Operation {
-            caller: Caller {
-                tenant: self.tenant.clone(),
-                actor: envelope
-                    .actor
-                    .clone()
-                    .unwrap_or_else(|| self.default_actor.clone()),
-                role: "agent".into(),
-            },
-            environment: self.environment.clone(),
-            workflow_id: Some(envelope.workflow_id),
-            step_id: Some(envelope.step_id),
+        }
+        let caller = Caller {
+            tenant: self.tenant.clone(),
+            actor: envelope
+                .actor
+                .clone()
+                .unwrap_or_else(|| self.default_actor.clone()),
+            role: "agent".into(),
         };
         let outcome = self
-            .executor
-            .execute_detached(
-                contract,
-                operation,
-                Arc::new(envelope.arguments),
-                downstream,
+            .app
+            .invoke(
+                caller,
+                &envelope.tool,
+                Some(envelope.workflow_id),
+                Some(envelope.step_id),
+                envelope.arguments,
             )
             .await;
         let disposition = Disposition::of(&outcome);

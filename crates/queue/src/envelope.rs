@@ -55,6 +55,40 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The configuration file's `[limits]` as a consumer reads it: `body_bytes` and
+    /// `json_depth` bound an envelope as they bound an HTTP body (the table's other bounds are
+    /// other faces'; the HTTP face reads the table strictly).
+    pub fn from_file(
+        file: &idemgate_app::config::File,
+    ) -> Result<Limits, idemgate_app::config::Error> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Section {
+            limits: Table,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(default)]
+        struct Table {
+            body_bytes: usize,
+            json_depth: usize,
+        }
+        impl Default for Table {
+            fn default() -> Self {
+                Table {
+                    body_bytes: DEFAULT_MAX_BYTES,
+                    json_depth: DEFAULT_MAX_DEPTH,
+                }
+            }
+        }
+        let limits = file.section::<Section>()?.limits;
+        Ok(Limits {
+            max_bytes: limits.body_bytes,
+            max_depth: limits.json_depth,
+        })
+    }
+}
+
 /// Why a message is not an envelope. The message names the problem, never the payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

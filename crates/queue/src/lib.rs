@@ -10,7 +10,8 @@
 //!
 //! - [`Envelope`] — what a message carries: workflow and step (the key's parts), tool,
 //!   arguments, optionally the actor. The tenant comes from the consumer's configuration.
-//! - [`Consumer`] — hands an envelope to the `Executor` and answers a [`Disposition`]:
+//! - [`Consumer`] — hands an envelope to the application (`idemgate_app::App::invoke`, as
+//!   every face does) and answers a [`Disposition`]:
 //!   acknowledge a settled or parked operation, return one still in flight, refuse a message
 //!   that can never become an operation. [`Delivery`] is the queue's telemetry (message id,
 //!   attempt), never identity.

@@ -5,43 +5,33 @@
 
 use std::sync::Arc;
 
-use idemgate_conformance::downstream::{FakeDownstream, Fault};
+use idemgate_app::{Assembly, Tool, ToolSet};
+use idemgate_conformance::downstream::Fault;
 use idemgate_conformance::harness::{ENVIRONMENT, Harness, Spec, TENANT, WORKFLOW, ticket};
 use idemgate_conformance::mem::MemStore;
 use idemgate_core::contract::Contract;
-use idemgate_core::effect::Downstream;
 use idemgate_core::store::{Filter, Store};
 use idemgate_core::{ErrorCode, RecordStatus};
-use idemgate_engine::Tools;
 use idemgate_queue::{Consumer, Delivery, Disposition, Envelope};
 
-/// The one tool of a spec, under its contract's name.
-struct OneTool(Arc<Contract>, FakeDownstream);
-
-impl Tools for OneTool {
-    fn resolve(&self, tool: &str) -> Option<(Arc<Contract>, Arc<dyn Downstream>)> {
-        (tool == self.0.name).then(|| {
-            (
-                self.0.clone(),
-                Arc::new(self.1.clone()) as Arc<dyn Downstream>,
-            )
-        })
-    }
-}
-
 /// A downstream that neither deduplicates nor offers a lookup: a second send would be a
-/// second effect, and an ambiguous answer can only end `unknown`.
+/// second effect, and an ambiguous answer can only end `unknown`. The consumer delivers
+/// through an application over the harness's store, clock and authorization switch, whose one
+/// tool is the spec's.
 fn setup() -> (Harness, Consumer, Arc<Contract>) {
     let spec = Spec::key_based().dedup(false).lookup(false);
     let harness = Harness::for_spec(Arc::new(MemStore::new()), &spec);
     let contract = spec.contract();
-    let consumer = Consumer::new(
-        harness.executor.clone(),
-        Arc::new(OneTool(contract.clone(), harness.downstream.clone())),
-        TENANT,
-        ENVIRONMENT,
-        "billing-service",
-    );
+    let tools = ToolSet::from_tools(vec![Tool {
+        contract: contract.clone(),
+        downstream: Arc::new(harness.downstream.clone()),
+        authorizer: Some(harness.auth.clone()),
+    }])
+    .unwrap();
+    let app = Assembly::new(harness.store.clone(), tools, ENVIRONMENT)
+        .clock(harness.clock.clone())
+        .build();
+    let consumer = Consumer::new(app, TENANT, "billing-service");
     (harness, consumer, contract)
 }
 

@@ -1,7 +1,6 @@
 //! API v1: the handlers. Each authenticates, checks its input, calls the executor, and
 //! returns an [`Answer`] or an [`ApiError`]; `wire` turns those into HTTP.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -15,7 +14,7 @@ use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{Event, Record, RecordState, RecordStatus};
 use idemgate_core::store::Filter;
-use idemgate_engine::{Caller, Operation, Resolution, StatusRead};
+use idemgate_engine::{Caller, Resolution, StatusRead};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -398,10 +397,7 @@ async fn own_record(
     key: &str,
 ) -> Result<(OperationKey, Record), ApiError> {
     let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    if key.tenant() != principal.tenant || key.environment() != state.environment() {
-        return Err(ApiError::not_found());
-    }
-    match state.executor().store().get(&key).await {
+    match state.app().record(&principal.tenant, &key).await {
         Ok(Some(record)) => Ok((key, record)),
         Ok(None) => Err(ApiError::not_found()),
         Err(e) => Err(ApiError::store(&e)),
@@ -485,7 +481,7 @@ fn tool_view(tool: &Tool) -> ToolView {
     ToolView {
         name: c.name.clone(),
         version: c.version.clone(),
-        description: idemgate_mcp::tools::describe(c),
+        description: idemgate_core::describe::describe(c),
         effect_class,
         operation_identity,
         approval,
@@ -628,34 +624,24 @@ pub async fn invoke(
         (Some(s), None) | (None, Some(s)) => Some(s),
         (None, None) => None,
     };
-    let operation = Operation {
-        caller: caller_of(&principal),
-        environment: state.environment().to_string(),
-        workflow_id: step.as_ref().map(|s| s.workflow_id.clone()),
-        step_id: step.map(|s| s.step_id),
+    let wait = headers::prefer_wait(&headers, limits.max_wait_seconds).map(Duration::from_secs);
+    let (workflow_id, step_id) = match step {
+        Some(s) => (Some(s.workflow_id), Some(s.step_id)),
+        None => (None, None),
     };
-    let executor = state.executor();
     // Detached: a client that disconnects only stops waiting; the claimed execution runs to a
     // settled state on its own task.
-    let (contract, downstream, arguments) = (tool.contract, tool.downstream, Arc::new(arguments));
-    let outcome = match headers::prefer_wait(&headers, limits.max_wait_seconds) {
-        Some(seconds) if seconds > 0 => {
-            executor
-                .execute_waiting(
-                    contract,
-                    operation,
-                    arguments,
-                    downstream,
-                    Duration::from_secs(seconds),
-                )
-                .await
-        }
-        _ => {
-            executor
-                .execute_detached(contract, operation, arguments, downstream)
-                .await
-        }
-    };
+    let outcome = state
+        .app()
+        .invoke_waiting(
+            caller_of(&principal),
+            &tool.contract.name,
+            workflow_id,
+            step_id,
+            arguments,
+            wait,
+        )
+        .await;
     Ok(Answer(outcome))
 }
 
@@ -707,19 +693,10 @@ pub async fn get_operation(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let principal = authenticate(&state, &headers)?;
-    let (key, record) = own_record(&state, &principal, &key).await?;
-    let tool = state.tools().get(&record.tool);
+    let key = OperationKey::parse(&key).map_err(|_| ApiError::not_found())?;
     let executor = state.executor();
     // A stored result is handed out like a replay: the reader is rechecked first.
-    let (record, outcome) = match executor
-        .status(
-            tool.as_ref().map(|t| t.contract.as_ref()),
-            &key,
-            tool.as_ref().map(|t| t.downstream.as_ref()),
-            &caller_of(&principal),
-        )
-        .await
-    {
+    let (record, outcome) = match state.app().operation(&caller_of(&principal), &key).await {
         Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
         Ok(Some(StatusRead::Denied(outcome))) => return Err(ApiError::refused(&outcome)),
         Ok(None) => return Err(ApiError::not_found()),
@@ -783,17 +760,15 @@ pub async fn list_operations(
         return Err(invalid("limit is between 1 and 500"));
     }
     let filter = Filter {
-        tenant: Some(principal.tenant.clone()),
-        environment: Some(state.environment().to_string()),
         status,
         tool: query.tool,
         after: query.after,
         limit,
+        ..Filter::default()
     };
     let records = state
-        .executor()
-        .store()
-        .list(filter)
+        .app()
+        .list(&principal.tenant, filter)
         .await
         .map_err(|e| ApiError::store(&e))?;
     let next_after = (records.len() == limit)

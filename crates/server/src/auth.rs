@@ -204,6 +204,19 @@ impl TokenSet {
         }
     }
 
+    /// The executor's caller a request's bearer token names (tenant, the holder as actor, and
+    /// the role), as API v1 authenticates it; `None` for a missing or unaccepted token. For a
+    /// face mounted into the gateway (the MCP endpoint), which authenticates each request with
+    /// the same tokens.
+    pub fn caller(&self, headers: &HeaderMap) -> Option<idemgate_engine::Caller> {
+        let principal = self.current().authenticate(headers).ok()?;
+        Some(idemgate_engine::Caller {
+            tenant: principal.tenant,
+            actor: principal.name,
+            role: principal.role.as_str().to_string(),
+        })
+    }
+
     /// Replaces the set: tokens left out stop working at once, and the console sessions opened
     /// with them end at their next request.
     pub fn replace(&self, tokens: Tokens) {

@@ -95,24 +95,9 @@ fn bare(text: &str) -> Result<&str, String> {
     Ok(text)
 }
 
-/// Bounds one caller-supplied key part. Its characters are checked by `OperationKey`.
-pub fn check_part(part: &str, value: &str, max: usize) -> Result<(), String> {
-    if value.is_empty() {
-        return Err(format!("{part} is empty"));
-    }
-    if value.len() > max {
-        return Err(format!(
-            "{part} is {} bytes long; at most {max} are allowed",
-            value.len()
-        ));
-    }
-    if value.contains(':') {
-        return Err(format!(
-            "{part} contains `:`, which separates the parts of an operation key"
-        ));
-    }
-    Ok(())
-}
+/// Bounds one caller-supplied key part: the application's one rule, which every face's call
+/// meets again in `App::invoke`; checked here first so the header's problem names the header.
+pub use idemgate_app::check_part;
 
 /// The `wait` preference in seconds, capped at `max`; `None` when not asked for. Unknown
 /// preferences and malformed values are ignored, as RFC 7240 asks.

@@ -2,14 +2,15 @@
 //!
 //! Reading order:
 //!
-//! - [`config::Config`] — the TOML configuration (listen address, public URL, environment,
-//!   store URL, contracts, tenants and token hashes, limits, recovery intervals), or the
-//!   development defaults.
+//! - [`config::Config`] — the gateway's sections of the TOML configuration (listen address,
+//!   public URL, limits, tenants' token hashes, webhook sources), read from the file whose
+//!   layout and application part (`idemgate_app::config`) every face shares.
 //! - [`auth::Tokens`] — bearer tokens by SHA-256, compared in constant time, each mapping to a
 //!   tenant, a holder and a [`auth::Role`].
 //! - [`state::Gateway`] builds the [`state::AppState`]: the one application assembly
 //!   ([`idemgate_app::App`]: the tools, the executor over a metered store, the recoverer) and
-//!   what only this face needs beside it.
+//!   what only this face needs beside it. A [`state::Mount`] is another face's service served
+//!   in the same router (`idemgate serve` mounts the MCP face at `/mcp`).
 //! - [`api`] — the handlers; [`headers`] — `Idempotency-Key` and `Prefer: wait=N`.
 //! - [`wire`] — **the one place** where outcomes and errors become status codes, headers and
 //!   RFC 9457 problems; [`problems`] — one entry per error code, written once: the page each
@@ -18,14 +19,13 @@
 //!   declared by one rule on every response that carries them.
 //! - [`console`] — the operator console at `/console`: sessions, queues, an operation's page
 //!   and the operator actions, server-rendered.
-//! - [`mcp`] — the MCP face over the same state: `/mcp` (streamable HTTP, the same bearer
-//!   tokens) and `idemgate mcp --config` (stdio).
 //! - [`router`] and [`run`] — the axum router with its generated OpenAPI 3.1 document, and the
 //!   server loop, which takes its shutdown as a parameter.
-//! - [`serve`] — `idemgate serve`: configuration → contracts → tools → store → the assembly,
-//!   the recoverer, signals.
+//! - [`serve`] — `idemgate serve`: the configuration file → the application's assembly (its
+//!   `idemgate_app::config` step) → the gateway, the mounted faces, the recoverer, signals.
 //!
-//! **Only this crate knows HTTP shapes.** Every effect still passes through the executor.
+//! **Only this crate knows HTTP shapes**, and it knows no other face: every call goes through
+//! the application ([`idemgate_app::App::invoke`]), every effect through the executor.
 
 pub mod access;
 pub mod api;
@@ -33,7 +33,6 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod headers;
-pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod problems;
@@ -51,7 +50,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use serve::{ServeOptions, serve};
-pub use state::{AppState, Gateway};
+pub use state::{AppState, Gateway, Mount};
 
 /// The API's routes and the OpenAPI document generated from them.
 fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
@@ -79,35 +78,28 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api().1
 }
 
-/// The gateway's router: API v1, `/openapi.json`, `/problems`, `/console`, and the MCP face
-/// at `/mcp`. Problem types start with the configured public URL, else they are relative (a
-/// router has no address of its own).
+/// The gateway's router: API v1, `/openapi.json`, `/problems` and `/console`. Problem types
+/// start with the configured public URL, else they are relative (a router has no address of
+/// its own).
 pub fn router(state: AppState) -> Router {
+    router_with(state, Vec::new())
+}
+
+/// [`router`] with other faces' services mounted beside API v1 ([`Mount`]).
+pub fn router_with(state: AppState, mounts: Vec<Mount>) -> Router {
     let base = state
         .inner()
         .problem_base
         .clone()
         .unwrap_or_else(problems::ProblemBase::relative);
-    app(state, base).0
+    app(state, base, mounts)
 }
 
-/// The router and the MCP service mounted in it (absent when the tools cannot be MCP tools;
-/// `serve` refuses to start then), whose streams end on shutdown.
-fn app(
-    state: AppState,
-    base: problems::ProblemBase,
-) -> (Router, Option<idemgate_mcp::McpHttpService>) {
-    let mcp = match mcp::service(&state) {
-        Ok(service) => Some(service),
-        Err(e) => {
-            tracing::error!(error = %e, "the MCP face at /mcp is not served");
-            None
-        }
-    };
+fn app(state: AppState, base: problems::ProblemBase, mounts: Vec<Mount>) -> Router {
     let body_limit = state.inner().limits.body_bytes;
     let (routes, doc) = api();
     let doc = std::sync::Arc::new(doc.to_json().unwrap_or_else(|_| "{}".into()));
-    let routes: Router = routes
+    let mut router: Router = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -124,11 +116,11 @@ fn app(
         .fallback(api::fallback)
         .method_not_allowed_fallback(api::method_not_allowed)
         .with_state(state);
-    // The MCP endpoint is JSON-RPC, not a REST resource: it is not in the OpenAPI document.
-    let router = match &mcp {
-        Some(service) => routes.nest_service("/mcp", bounded(service.clone(), body_limit)),
-        None => routes,
-    };
+    // A mounted face (the MCP endpoint, JSON-RPC rather than a REST resource) is not in the
+    // OpenAPI document.
+    for mount in mounts {
+        router = router.nest_service(&mount.path, bounded(mount.service, body_limit));
+    }
     // Every answer rendered inside a request knows the base of its problem types.
     let router = router.layer(axum::middleware::from_fn(
         move |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -136,15 +128,19 @@ fn app(
             wire::with_problem_base(base, next.run(request))
         },
     ));
-    let router = router.layer(axum::middleware::from_fn(access::layer));
-    (router, mcp)
+    router.layer(axum::middleware::from_fn(access::layer))
 }
 
-/// The MCP service behind the same body bound as API v1 (the SDK's own bound is 4 MiB): a
-/// declared length over the bound is a 413 problem before the SDK sees the request, and a
-/// body without a declared length is cut off at the bound while it is read.
+/// A mounted service behind the same body bound as API v1: a declared length over the bound is
+/// a 413 problem before the service sees the request, and a body without a declared length is
+/// cut off at the bound while it is read. The problem names no operation: the service's request
+/// was not read, so no key is known and nothing is claimed about one.
 fn bounded(
-    service: idemgate_mcp::McpHttpService,
+    service: tower::util::BoxCloneSyncService<
+        axum::http::Request<axum::body::Body>,
+        axum::response::Response,
+        std::convert::Infallible,
+    >,
     limit: usize,
 ) -> impl tower::Service<
     axum::http::Request<axum::body::Body>,
@@ -153,6 +149,7 @@ fn bounded(
     Future = impl Send,
 > + Clone
 + Send
++ Sync
 + 'static {
     tower::service_fn(move |request: axum::http::Request<axum::body::Body>| {
         let service = service.clone();
@@ -172,18 +169,17 @@ fn bounded(
             }
             let request = request
                 .map(|body| axum::body::Body::new(http_body_util::Limited::new(body, limit)));
-            tower::ServiceExt::oneshot(service, request)
-                .await
-                .map(axum::response::IntoResponse::into_response)
+            tower::ServiceExt::oneshot(service, request).await
         }
     })
 }
 
-/// Serves `state` on `listener` until `shutdown` completes, then stops accepting and lets the
-/// requests in flight finish (a drain) before returning.
+/// Serves `state` (and `mounts` beside API v1) on `listener` until `shutdown` completes, then
+/// stops accepting and lets the requests in flight finish (a drain) before returning.
 pub async fn run(
     listener: tokio::net::TcpListener,
     state: AppState,
+    mounts: Vec<Mount>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // Without a configured public URL, the address served on names the problem pages.
@@ -194,13 +190,14 @@ pub async fn run(
             Err(_) => problems::ProblemBase::relative(),
         },
     };
-    let (router, mcp) = app(state, base);
+    let drains: Vec<_> = mounts.iter().filter_map(|m| m.on_drain.clone()).collect();
+    let router = app(state, base, mounts);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             shutdown.await;
-            // Open MCP response streams would hold the drain open; end them.
-            if let Some(mcp) = mcp {
-                mcp.shutdown();
+            // Open response streams of a mounted face would hold the drain open; end them.
+            for drain in drains {
+                drain();
             }
         })
         .await

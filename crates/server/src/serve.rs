@@ -1,22 +1,21 @@
-//! `idemgate serve`: read the configuration (or take the development defaults), open the
-//! store, load the contracts, start the recoverer and the retention sweeper, and serve until
-//! Ctrl-C or SIGTERM — then stop accepting, finish the requests in flight, and stop the
-//! background work. Nothing is released on the way out: a claim whose effect may have been
-//! sent stays for recovery. SIGHUP reads the configuration file's tokens again (and only
-//! them): a token removed from the file stops working, and its console sessions end.
+//! `idemgate serve`: read the configuration (or take the development defaults), assemble the
+//! application from it (`idemgate_app::config`: contracts, effects, the store), put the
+//! gateway and the other faces' mounted services over it, start the recoverer and the
+//! retention sweeper, and serve until the shutdown the binary passes (Ctrl-C or SIGTERM) —
+//! then stop accepting, finish the requests in flight, and stop the background work. Nothing
+//! is released on the way out: a claim whose effect may have been sent stays for recovery.
+//! SIGHUP reads the configuration file's tokens again (and only them): a token removed from
+//! the file stops working, and its console sessions end.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use idemgate_app::contracts;
-use idemgate_app::{Effects, GatewayStoreError, HttpEffects, Recovery, SandboxEffects, ToolSet};
-use idemgate_core::contract::Contract;
-use idemgate_engine::Settings;
+use idemgate_app::config::{AssemblyError, File};
 
 use crate::auth::{Principal, Role, Tokens, generate_token};
 use crate::config::{Config, Loaded};
-use crate::state::{AppState, Gateway};
+use crate::state::{AppState, Gateway, Mount};
 
 /// What `idemgate serve` is told (its flags, read by the binary).
 #[derive(Debug, Clone, Default)]
@@ -32,12 +31,9 @@ pub struct ServeOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The configuration, the contracts, the store, or a face that could not be mounted.
     #[error(transparent)]
-    Config(#[from] crate::config::Error),
-    #[error("contracts: {0}")]
-    Contracts(String),
-    #[error("store {url}: {message}")]
-    Store { url: String, message: String },
+    App(#[from] AssemblyError),
     #[error("listening on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -45,55 +41,23 @@ pub enum Error {
     },
     #[error("serving: {0}")]
     Serve(std::io::Error),
-    #[error("{0}")]
-    Unsupported(String),
 }
 
-/// A gateway store that could not be opened: a bad URL or store is `Store`, a bad audit or
-/// encryption key `Unsupported`.
-impl From<GatewayStoreError> for Error {
-    fn from(e: GatewayStoreError) -> Error {
-        match e {
-            GatewayStoreError::Open(e) => Error::Store {
-                url: e.url,
-                message: e.message,
-            },
-            other => Error::Unsupported(other.to_string()),
-        }
+impl From<crate::config::Error> for Error {
+    fn from(e: crate::config::Error) -> Error {
+        Error::App(e.into())
     }
 }
 
 pub use idemgate_app::redact;
 
-/// Picks how tools perform their effects.
-pub fn effects(config: &Config) -> Box<dyn Effects> {
-    if config.sandbox {
-        Box::new(SandboxEffects)
-    } else {
-        Box::new(HttpEffects)
-    }
-}
-
-/// Ctrl-C or SIGTERM, whichever comes first.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
+/// What a face mounted into the gateway is built from: the gateway's state (its app and
+/// tokens), the configuration file (the face reads its own section), and the address the
+/// gateway listens on.
+pub struct Serving<'a> {
+    pub state: &'a AppState,
+    pub file: &'a File,
+    pub listen: SocketAddr,
 }
 
 /// Reads the tokens of the configuration file at `path` again and makes them the gateway's
@@ -103,7 +67,7 @@ pub fn reload_tokens(
     path: &std::path::Path,
     tokens: &crate::auth::TokenSet,
 ) -> Result<usize, Error> {
-    let loaded = Config::load(path)?;
+    let loaded = Loaded::load(path)?;
     let fresh = Tokens::from_config(&loaded.config.tenants);
     let count = fresh.len();
     tokens.replace(fresh);
@@ -135,103 +99,27 @@ async fn reload_on_hangup(path: PathBuf, tokens: crate::auth::TokenSet) {
     }
 }
 
-/// Checks settings that can only be judged at start: the encryption key must be readable, or
-/// the gateway refuses to start rather than store results unencrypted.
-pub fn check_supported(config: &Config) -> Result<(), Error> {
-    if let Some(var) = &config.encryption_key_env {
-        idemgate_app::encryption_key(var)?;
-    }
-    Ok(())
-}
-
-/// The contracts a configuration names, loaded and checked; in the development set-up
-/// without contract files here, the embedded examples.
-pub fn contracts(loaded: &Loaded) -> Result<Vec<Contract>, Error> {
-    let config = &loaded.config;
-    let files = contracts::files(&config.contracts, &loaded.base).map_err(|e| {
-        Error::Contracts(format!("contract pattern `{}`: {}", e.pattern, e.message))
-    })?;
-    if files.is_empty() && loaded.development {
-        eprintln!("idemgate: no contracts/*.yaml here; using the embedded example contracts");
-        contracts::examples().map_err(|e| Error::Contracts(e.to_string()))
-    } else if files.is_empty() {
-        Err(Error::Contracts(format!(
-            "no contract file matches {:?}",
-            config.contracts
-        )))
-    } else {
-        contracts::load_files(&files).map_err(|e| {
-            Error::Contracts(match e {
-                contracts::Error::Read { path, source } => {
-                    format!("{path}: cannot be read: {source}")
-                }
-                other => other.to_string(),
-            })
-        })
-    }
-}
-
-/// Opens the configured store and assembles the gateway over `tools` and `tokens`: what
-/// `idemgate serve` and `idemgate mcp --config` share.
-pub async fn assemble(config: &Config, tools: ToolSet, tokens: Tokens) -> Result<AppState, Error> {
-    // Audit entries are signed with IDEMGATE_AUDIT_KEY (unsigned, with a warning, without it);
-    // stored requests and results are sealed at rest when a key is configured.
-    let store =
-        idemgate_app::open_gateway_store(&config.store, config.encryption_key_env.as_deref())
-            .await?;
-    Ok(Gateway::new(store, tools, tokens)
-        .environment(config.environment.clone())
-        .limits(config.limits)
-        .settings(Settings {
-            settled_records: config.executor.settled_records,
-            ..Settings::default()
-        })
-        .recovery(Recovery {
-            every: Duration::from_secs(config.recovery.interval_seconds),
-            sweep_every: Duration::from_secs(config.recovery.sweep_interval_seconds),
-        })
-        .mcp_allowed_hosts(config.mcp.hosts(config.listen))
-        .mcp_identity(config.mcp.identity)
-        .public_url(config.public_url())
-        .webhooks(
-            crate::webhooks::Sources::from_config(&config.webhooks).map_err(Error::Unsupported)?,
-        )
-        .secure_cookies(
-            config
-                .public_url
-                .as_deref()
-                .is_some_and(|url| url.to_ascii_lowercase().starts_with("https://")),
-        )
-        .build())
-}
-
-/// Runs `idemgate serve` until a shutdown signal, then drains.
-pub async fn serve(args: ServeOptions) -> Result<(), Error> {
-    let mut loaded = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Loaded {
-            config: Config::development(),
-            base: PathBuf::from("."),
-            development: true,
-        },
+/// Runs `idemgate serve` until `shutdown` completes, then drains. `faces` mounts other faces'
+/// services beside API v1 (the binary mounts the MCP face at `/mcp`); a face that cannot be
+/// built (a contract name it cannot map) stops the start, naming why.
+pub async fn serve(
+    args: ServeOptions,
+    faces: impl FnOnce(&Serving<'_>) -> Result<Vec<Mount>, String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let Loaded { file, mut config } = match &args.config {
+        Some(path) => Loaded::load(path)?,
+        None => Loaded::development(),
     };
     if let Some(addr) = args.listen {
-        loaded.config.listen = addr;
+        config.listen = addr;
     }
-    check_supported(&loaded.config)?;
-
-    let contracts = contracts(&loaded)?;
-    let Loaded {
-        config,
-        development,
-        ..
-    } = loaded;
-    let tools = ToolSet::build(contracts, effects(&config).as_ref())
-        .map_err(|e| Error::Contracts(e.to_string()))?;
+    file.check_supported()?;
+    let tools = file.tools()?;
 
     let mut tokens = Tokens::from_config(&config.tenants);
     let mut dev_tokens = Vec::new();
-    if development {
+    if file.development {
         for role in [Role::Agent, Role::Operator] {
             let token = generate_token();
             tokens.add(
@@ -248,9 +136,13 @@ pub async fn serve(args: ServeOptions) -> Result<(), Error> {
         eprintln!("idemgate: warning: no tenant has a token; every API request will be refused");
     }
 
-    let state = assemble(&config, tools, tokens).await?;
-    // The MCP face serves the same tools; a contract name it cannot map is refused now.
-    crate::mcp::check(&state).map_err(Error::Contracts)?;
+    let state = gateway(&file, &config, tools, tokens).await?;
+    let mounts = faces(&Serving {
+        state: &state,
+        file: &file,
+        listen: config.listen,
+    })
+    .map_err(AssemblyError::Contracts)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Listen {
@@ -259,15 +151,19 @@ pub async fn serve(args: ServeOptions) -> Result<(), Error> {
         })?;
     let addr = listener.local_addr().map_err(Error::Serve)?;
 
+    let app = &file.config;
     println!("idemgate listening on http://{addr}");
     println!(
         "  environment {}, store {}, tools: {}",
-        config.environment,
-        redact(&config.store),
+        app.environment,
+        redact(&app.store),
         state.tools().names().join(", ")
     );
-    println!("  MCP (streamable HTTP, the same tokens): http://{addr}/mcp");
-    if config.sandbox {
+    println!("  console (operators sign in with an operator token): http://{addr}/console");
+    for mount in &mounts {
+        println!("  {}: http://{addr}{}", mount.title, mount.path);
+    }
+    if app.sandbox {
         println!("  effects go to the in-process sandbox: they are not real");
     }
     for (role, token) in &dev_tokens {
@@ -282,8 +178,8 @@ pub async fn serve(args: ServeOptions) -> Result<(), Error> {
         .clone()
         .map(|path| tokio::spawn(reload_on_hangup(path, state.tokens().clone())));
 
-    let served = crate::run(listener, state, async {
-        shutdown_signal().await;
+    let served = crate::run(listener, state, mounts, async {
+        shutdown.await;
         println!("idemgate: shutting down; finishing requests in flight");
     })
     .await;
@@ -293,4 +189,27 @@ pub async fn serve(args: ServeOptions) -> Result<(), Error> {
         hangup.abort();
     }
     served.map_err(Error::Serve)
+}
+
+/// The gateway over the application `file` assembles with `tools`, with `config`'s sections
+/// of the HTTP face and `tokens`.
+pub async fn gateway(
+    file: &File,
+    config: &Config,
+    tools: idemgate_app::ToolSet,
+    tokens: Tokens,
+) -> Result<AppState, Error> {
+    let webhooks = crate::webhooks::Sources::from_config(&config.webhooks)
+        .map_err(AssemblyError::Unsupported)?;
+    Ok(Gateway::over(file.assembly(tools).await?, tokens)
+        .limits(config.limits)
+        .public_url(config.public_url())
+        .webhooks(webhooks)
+        .secure_cookies(
+            config
+                .public_url
+                .as_deref()
+                .is_some_and(|url| url.to_ascii_lowercase().starts_with("https://")),
+        )
+        .build())
 }

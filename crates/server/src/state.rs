@@ -1,12 +1,18 @@
 //! The gateway's shared state: the one application assembly ([`idemgate_app::App`]) with what
-//! only the HTTP face needs beside it (tokens, sessions, limits, `/mcp`'s settings, webhooks).
+//! only the HTTP face needs beside it (tokens, sessions, limits, webhooks), and the services
+//! other faces mount into its router ([`Mount`]: the MCP face at `/mcp`).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::body::Body;
+use axum::http::Request;
+use axum::response::Response;
 use idemgate_app::{App, Assembly, Recovery, ToolSet};
-use idemgate_core::clock::{Clock, SystemClock};
+use idemgate_core::clock::Clock;
 use idemgate_core::store::Store;
 use idemgate_engine::{Executor, Recoverer, Settings};
+use tower::util::BoxCloneSyncService;
 
 use crate::auth::{Sessions, TokenSet, Tokens};
 use crate::config::Limits;
@@ -28,28 +34,31 @@ pub(crate) struct Inner {
     /// Whether the console's cookie is `Secure` (the gateway is reached over https).
     pub secure_cookies: bool,
     pub limits: Limits,
-    /// Accepted `Host` values at `/mcp`.
-    pub mcp_hosts: Vec<String>,
-    /// How `/mcp` names a call without `_meta` (`[mcp] identity`).
-    pub mcp_identity: idemgate_core::contract::Identity,
     /// The start of problem type URIs, when configured (`public_url`).
     pub problem_base: Option<ProblemBase>,
     pub webhooks: crate::webhooks::Sources,
 }
 
-/// Assembles an [`AppState`]: the store, the tools, the tokens, and optionally a clock, an
-/// environment name, limits and executor settings.
+/// A service another face serves inside the gateway's router, under `path`: behind the same
+/// access log and request-body bound as API v1, and told when the server drains. This is how
+/// `idemgate serve` carries the MCP face at `/mcp` without this crate knowing MCP.
+#[derive(Clone)]
+pub struct Mount {
+    pub path: String,
+    pub service: BoxCloneSyncService<Request<Body>, Response, Infallible>,
+    /// What the start banner calls it (`MCP (streamable HTTP, the same tokens)`).
+    pub title: String,
+    /// Called when the server stops accepting, before it drains: a service holding open
+    /// streams ends them here.
+    pub on_drain: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+/// Assembles an [`AppState`]: the application's [`Assembly`] (store, tools, environment,
+/// clock, executor settings, recovery), the tokens, and the HTTP face's own settings.
 pub struct Gateway {
-    store: Arc<dyn Store>,
-    tools: ToolSet,
+    assembly: Assembly,
     tokens: Tokens,
-    clock: Arc<dyn Clock>,
-    environment: String,
     limits: Limits,
-    settings: Settings,
-    recovery: Recovery,
-    mcp_hosts: Vec<String>,
-    mcp_identity: idemgate_core::contract::Identity,
     problem_base: Option<ProblemBase>,
     webhooks: crate::webhooks::Sources,
     sessions: Sessions,
@@ -57,22 +66,17 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway over `store` and `tools` in the environment `development`.
     pub fn new(store: Arc<dyn Store>, tools: ToolSet, tokens: Tokens) -> Gateway {
+        Gateway::over(Assembly::new(store, tools, "development"), tokens)
+    }
+
+    /// A gateway over an application assembly (`idemgate serve`: the configuration file's).
+    pub fn over(assembly: Assembly, tokens: Tokens) -> Gateway {
         Gateway {
-            store,
-            tools,
+            assembly,
             tokens,
-            clock: Arc::new(SystemClock),
-            environment: "development".into(),
             limits: Limits::default(),
-            settings: Settings::default(),
-            recovery: Recovery::default(),
-            mcp_hosts: crate::config::McpConfig::default().hosts(
-                crate::config::DEFAULT_LISTEN
-                    .parse()
-                    .expect("the default address parses"),
-            ),
-            mcp_identity: Default::default(),
             problem_base: None,
             webhooks: crate::webhooks::Sources::default(),
             sessions: Sessions::default(),
@@ -94,42 +98,29 @@ impl Gateway {
     }
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Gateway {
-        self.clock = clock;
+        self.assembly = self.assembly.clock(clock);
         self
     }
 
     pub fn environment(mut self, environment: impl Into<String>) -> Gateway {
-        self.environment = environment.into();
+        self.assembly = self.assembly.environment(environment);
         self
     }
 
+    /// The bounds on what a caller may send; `key_part_bytes` bounds every face's calls.
     pub fn limits(mut self, limits: Limits) -> Gateway {
         self.limits = limits;
         self
     }
 
     pub fn settings(mut self, settings: Settings) -> Gateway {
-        self.settings = settings;
+        self.assembly = self.assembly.settings(settings);
         self
     }
 
     /// The recoverer's intervals (`[recovery]`).
     pub fn recovery(mut self, recovery: Recovery) -> Gateway {
-        self.recovery = recovery;
-        self
-    }
-
-    /// The `Host` header values `/mcp` accepts (default: the loopback names). An empty list
-    /// accepts any host.
-    pub fn mcp_allowed_hosts(mut self, hosts: Vec<String>) -> Gateway {
-        self.mcp_hosts = hosts;
-        self
-    }
-
-    /// How `/mcp` names a call without `_meta` (default `meta`: such a key-based call is
-    /// rejected); a contract's own `identity` wins.
-    pub fn mcp_identity(mut self, identity: idemgate_core::contract::Identity) -> Gateway {
-        self.mcp_identity = identity;
+        self.assembly = self.assembly.recovery(recovery);
         self
     }
 
@@ -151,10 +142,9 @@ impl Gateway {
     pub fn build(self) -> AppState {
         // Install the recorder before the first metric is touched.
         let _ = crate::metrics::handle();
-        let app = Assembly::new(self.store, self.tools, self.environment)
-            .clock(self.clock)
-            .settings(self.settings)
-            .recovery(self.recovery)
+        let app = self
+            .assembly
+            .key_part_bytes(self.limits.key_part_bytes)
             .observer(Arc::new(OutcomeCounter))
             .wrap_store(|store| Arc::new(MeteredStore::new(store)))
             .map_downstreams(TimedDownstream::wrap)
@@ -166,8 +156,6 @@ impl Gateway {
                 sessions: self.sessions,
                 secure_cookies: self.secure_cookies,
                 limits: self.limits,
-                mcp_hosts: self.mcp_hosts,
-                mcp_identity: self.mcp_identity,
                 problem_base: self.problem_base,
                 webhooks: self.webhooks,
             }),
@@ -196,6 +184,11 @@ impl AppState {
     /// The gateway's current tokens, replaceable while it runs (SIGHUP in `serve`).
     pub fn tokens(&self) -> &TokenSet {
         &self.inner.tokens
+    }
+
+    /// The bounds on what a caller may send.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
     }
 
     /// The environment part of every operation key this gateway makes.

@@ -1,23 +1,16 @@
-//! The MCP face of the gateway, over real loopback HTTP with the MCP wire format (JSON-RPC
-//! over streamable HTTP): `/mcp` on the same state, tokens and executor as API v1. Effects are
-//! counted by the fake downstreams on their own side. Also `idemgate mcp --config` over an
-//! in-memory stdio pipe.
+//! The MCP face mounted in the gateway, over real loopback HTTP with the MCP wire format
+//! (JSON-RPC over streamable HTTP): `/mcp` on the same app, tokens and executor as API v1, as
+//! `idemgate serve` mounts it. Effects are counted by the fake downstreams on their own side.
 
 mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use idemgate_core::store::Store;
 use idemgate_server::Gateway;
-use idemgate_server::mcp::{StdioError, StdioOptions};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::oneshot;
-
-const LIMIT: Duration = Duration::from_secs(20);
 
 fn sqlite(path: &Path) -> Arc<dyn Store> {
     Arc::new(idemgate_store_sqlite::SqliteStore::open(path, Default::default()).unwrap())
@@ -310,12 +303,11 @@ async fn the_status_tool_is_tenant_and_environment_scoped() {
 async fn the_mcp_host_allow_list_is_configurable() {
     let dir = tempfile::tempdir().unwrap();
     let (_fakes, gateway) = world(dir.path());
-    let gate = Gate::start(
-        gateway
-            .mcp_allowed_hosts(vec!["gate.example".into()])
-            .build(),
-    )
-    .await;
+    let config = idemgate_mcp::config::McpConfig {
+        allowed_hosts: Some(vec!["gate.example".into()]),
+        ..Default::default()
+    };
+    let gate = Gate::start_with(gateway.build(), &config).await;
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
     let allowed = http(
         gate.addr,
@@ -326,139 +318,6 @@ async fn the_mcp_host_allow_list_is_configurable() {
     let loopback = http(gate.addr, mcp_call(AGENT, &list)).await;
     assert_eq!(loopback.status, 403, "only the configured names");
     gate.stop().await;
-}
-
-// ---------------------------------------------------------------------------------------------
-// `idemgate mcp --config`: the gateway's configuration over stdio.
-
-fn config_file(dir: &Path, tenants: &str) -> std::path::PathBuf {
-    let contracts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contracts/*.yaml");
-    let text = format!(
-        "environment = \"staging\"\nstore = \"sqlite://{}\"\ncontracts = [{contracts:?}]\nsandbox = true\n{tenants}",
-        dir.join("stdio.sqlite").display()
-    );
-    let path = dir.join("gate.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-const TENANTS: &str = "[[tenants]]\nname = \"acme\"\n[[tenants]]\nname = \"globex\"\n";
-
-fn args(config: &Path, tenant: &str) -> StdioOptions {
-    StdioOptions {
-        config: config.to_path_buf(),
-        tenant: tenant.into(),
-        actor: "local-agent".into(),
-        fake_downstream: true,
-        identity: None,
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mcp_over_stdio_takes_store_environment_and_contracts_from_the_config() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), TENANTS);
-    let stdio = idemgate_server::mcp::stdio_gateway(&args(&config, "acme"))
-        .await
-        .unwrap();
-    assert_eq!(stdio.caller.tenant, "acme");
-    assert_eq!(stdio.config.environment, "staging");
-    let fakes = stdio.fakes.clone().expect("--fake-downstream");
-
-    let (client, server) = tokio::io::duplex(1 << 16);
-    let (server_read, server_write) = tokio::io::split(server);
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let serving = tokio::spawn(idemgate_mcp::serve_io(
-        Arc::new(stdio.state),
-        stdio.caller,
-        idemgate_mcp::Options {
-            fakes: stdio.fakes,
-            ..Default::default()
-        },
-        server_read,
-        server_write,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let (read, mut write) = tokio::io::split(client);
-    let mut read = BufReader::new(read);
-    let mut request = async |message: Value| -> Value {
-        let id = message["id"].clone();
-        let mut line = message.to_string();
-        line.push('\n');
-        write.write_all(line.as_bytes()).await.unwrap();
-        tokio::time::timeout(LIMIT, async {
-            loop {
-                let mut line = String::new();
-                assert!(read.read_line(&mut line).await.unwrap() > 0, "EOF");
-                let v: Value = serde_json::from_str(&line).unwrap();
-                if v["id"] == id {
-                    return v;
-                }
-            }
-        })
-        .await
-        .expect("an answer in time")
-    };
-
-    let init = request(
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "stdio-config-test", "version": "0"}}}),
-    )
-    .await;
-    assert_eq!(init["result"]["serverInfo"]["name"], "idemgate");
-    let step = Some(("run_9", "s"));
-    let first = request(tools_call(2, "tickets_create", ticket(), step)).await;
-    let again = request(tools_call(3, "tickets_create", ticket(), step)).await;
-    assert_eq!(outcome(&first)["status"], "applied", "{first}");
-    assert_eq!(outcome(&first)["operation_key"], "acme:staging:run_9:s");
-    assert_eq!(outcome(&again)["status"], "replayed", "{again}");
-    let fake = fakes.get("tickets.create").unwrap();
-    assert_eq!((fake.effects(), fake.calls()), (1, 1));
-    // The hidden control tool reads the same fake.
-    let stats = request(
-        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
-        "name": "idemgate_fake_downstream",
-        "arguments": {"action": "stats", "tool": "tickets_create"}}}),
-    )
-    .await;
-    assert_eq!(
-        stats["result"]["structuredContent"]["effects"], 1,
-        "{stats}"
-    );
-
-    let _ = stop_tx.send(());
-    tokio::time::timeout(LIMIT, serving)
-        .await
-        .expect("the stdio server stops on shutdown")
-        .unwrap()
-        .unwrap();
-}
-
-#[tokio::test]
-async fn mcp_over_stdio_needs_one_of_the_configs_tenants() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), TENANTS);
-    let refused = idemgate_server::mcp::stdio_gateway(&args(&config, "local")).await;
-    match refused {
-        Err(StdioError::Usage(message)) => {
-            assert!(message.contains("its tenants: acme, globex"), "{message}")
-        }
-        other => panic!("expected a refusal, got {:?}", other.err()),
-    }
-    let none = config_file(dir.path(), "");
-    let refused = idemgate_server::mcp::stdio_gateway(&args(&none, "acme")).await;
-    assert!(matches!(refused, Err(StdioError::Usage(m)) if m.contains("declares no tenants")));
-    // A bad configuration is reported by the gateway's loader: file, line, field.
-    std::fs::write(&config, "environment = \"a:b\"\n").unwrap();
-    let refused = idemgate_server::mcp::stdio_gateway(&args(&config, "acme")).await;
-    let message = refused.err().unwrap().to_string();
-    assert!(
-        message.contains("gate.toml:1: field `environment`"),
-        "{message}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

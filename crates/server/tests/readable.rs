@@ -33,7 +33,7 @@ fn env() -> Env {
         .environment(ENV)
         .build();
     Env {
-        app: idemgate_server::router(state),
+        app: served(state),
         fakes,
     }
 }

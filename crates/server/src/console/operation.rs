@@ -146,10 +146,7 @@ async fn own_record(
     let Ok(parsed) = OperationKey::parse(key) else {
         return Err(not_found());
     };
-    if parsed.tenant() != session.principal.tenant || parsed.environment() != state.environment() {
-        return Err(not_found());
-    }
-    match state.executor().store().get(&parsed).await {
+    match state.app().record(&session.principal.tenant, &parsed).await {
         Ok(Some(record)) => Ok((parsed, record)),
         Ok(None) => Err(not_found()),
         Err(e) => Err(message(
@@ -228,7 +225,7 @@ async fn render(
     confirm_not_applied: Option<String>,
     draft: Draft,
 ) -> Response {
-    let record = match state.executor().store().get(key).await {
+    let record = match state.app().record(&session.principal.tenant, key).await {
         Ok(Some(record)) => record,
         Ok(None) => return gone(key),
         Err(e) => return store_down(&e),

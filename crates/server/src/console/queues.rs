@@ -13,7 +13,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_core::record::{Record, RecordStatus};
-use idemgate_core::store::{self, Filter, Waiting, WaitingOn};
+use idemgate_core::store::{self, Filter, WaitingOn};
 use serde::{Deserialize, Serialize};
 
 use super::session::{session_of, to_sign_in};
@@ -71,34 +71,29 @@ pub(crate) async fn read(
     after: Option<String>,
     limit: usize,
 ) -> Result<Vec<Record>, store::Error> {
-    let store = state.executor().store();
-    let environment = state.environment().to_string();
+    let app = state.app();
     let listed = |status| Filter {
-        tenant: Some(tenant.to_string()),
-        environment: Some(environment.clone()),
         status: Some(status),
         tool: tool.clone(),
         after: after.clone(),
         limit,
-    };
-    let waiting = |on| Waiting {
-        tenant: tenant.to_string(),
-        environment: environment.clone(),
-        on,
-        tool: tool.clone(),
-        after: after.clone(),
-        limit,
+        ..Filter::default()
     };
     match queue {
-        Queue::Unknown => store.list(listed(RecordStatus::Unknown)).await,
-        Queue::Approval => store.list(listed(RecordStatus::AwaitingApproval)).await,
-        Queue::Overdue => {
-            let now = state.executor().clock().now();
-            store
-                .waiting(waiting(WaitingOn::LeaseExpired { now }))
+        Queue::Unknown => app.list(tenant, listed(RecordStatus::Unknown)).await,
+        Queue::Approval => {
+            app.list(tenant, listed(RecordStatus::AwaitingApproval))
                 .await
         }
-        Queue::Jobs => store.waiting(waiting(WaitingOn::Job)).await,
+        Queue::Overdue => {
+            let now = state.executor().clock().now();
+            let on = WaitingOn::LeaseExpired { now };
+            app.waiting(tenant, on, tool, after, limit).await
+        }
+        Queue::Jobs => {
+            app.waiting(tenant, WaitingOn::Job, tool, after, limit)
+                .await
+        }
     }
 }
 

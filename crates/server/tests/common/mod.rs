@@ -343,7 +343,35 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
     }
 }
 
-/// A gateway serving `state` on a loopback port until stopped, as `serve` runs it.
+/// The MCP face over `state`'s app at `/mcp`, as `idemgate serve` mounts it (with `config`
+/// as its `[mcp]` section), authenticated with the gateway's tokens.
+pub fn mcp_mount(
+    state: &idemgate_server::AppState,
+    config: &idemgate_mcp::config::McpConfig,
+) -> idemgate_server::Mount {
+    let tokens = state.tokens().clone();
+    let listen: SocketAddr = idemgate_server::config::DEFAULT_LISTEN.parse().unwrap();
+    let service = idemgate_mcp::config::http_service(state.app(), config, listen, move |parts| {
+        tokens.caller(&parts.headers)
+    })
+    .expect("the tools are MCP tools");
+    let drain = service.clone();
+    idemgate_server::Mount {
+        path: "/mcp".into(),
+        service: tower::util::BoxCloneSyncService::new(service),
+        title: "MCP".into(),
+        on_drain: Some(Arc::new(move || drain.shutdown())),
+    }
+}
+
+/// The gateway's router with the MCP face at `/mcp`, as `idemgate serve` serves it.
+pub fn served(state: idemgate_server::AppState) -> Router {
+    let mcp = mcp_mount(&state, &Default::default());
+    idemgate_server::router_with(state, vec![mcp])
+}
+
+/// A gateway serving `state` on a loopback port until stopped, as `serve` runs it (the MCP
+/// face mounted at `/mcp`).
 pub struct Gate {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -352,12 +380,26 @@ pub struct Gate {
 
 impl Gate {
     pub async fn start(state: idemgate_server::AppState) -> Gate {
+        Gate::start_with(state, &Default::default()).await
+    }
+
+    /// [`Gate::start`] with `config` as the MCP face's `[mcp]` section.
+    pub async fn start_with(
+        state: idemgate_server::AppState,
+        config: &idemgate_mcp::config::McpConfig,
+    ) -> Gate {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_server::run(listener, state, async move {
-            let _ = stopped.await;
-        }));
+        let mcp = mcp_mount(&state, config);
+        let task = tokio::spawn(idemgate_server::run(
+            listener,
+            state,
+            vec![mcp],
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Gate {
             addr,
             stop: Some(stop),

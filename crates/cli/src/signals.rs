@@ -1,0 +1,24 @@
+//! The shutdown every long-running command passes to the server it runs (`serve`, `mcp`,
+//! `wrap`, `consume`, `outbox publish`): Ctrl-C or SIGTERM, whichever comes first.
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
