@@ -87,7 +87,8 @@ export interface OperationSummary {
   approvedBy: string | null;
   createdAt: number;
   updatedAt: number;
-  expiresAt: number;
+  /** Null while the operation has not settled: its retention counts from settlement. */
+  expiresAt: number | null;
 }
 
 export interface OperationEvent {
@@ -178,7 +179,7 @@ function fromWire<T extends object>(o: Record<string, unknown>, defaults: T): T 
 function summaryOf(o: Record<string, unknown>): OperationSummary {
   return fromWire<OperationSummary>(o, {
     operationKey: '', tool: '', toolVersion: '', recordStatus: '', fingerprint: '', attempt: 0,
-    effectReference: null, jobId: null, approvedBy: null, createdAt: 0, updatedAt: 0, expiresAt: 0,
+    effectReference: null, jobId: null, approvedBy: null, createdAt: 0, updatedAt: 0, expiresAt: null,
   });
 }
 

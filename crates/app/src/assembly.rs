@@ -231,11 +231,16 @@ impl App {
         wait: Option<Duration>,
     ) -> Outcome {
         let Some(tool) = self.tools.get(tool) else {
-            return Outcome::rejected(
-                None,
-                ErrorCode::UnknownTool,
-                format!("no tool `{tool}` is served here"),
-            );
+            let message = format!("no tool `{tool}` is served here");
+            return self
+                .refuse(
+                    caller,
+                    workflow_id,
+                    step_id,
+                    ErrorCode::UnknownTool,
+                    message,
+                )
+                .await;
         };
         // The same bounds on the operation's parts whichever face carried the call.
         for (name, part) in [("workflow_id", &workflow_id), ("step_id", &step_id)] {
@@ -266,6 +271,34 @@ impl App {
                     .await
             }
         }
+    }
+
+    /// The machine's answer to a delivery a face refuses before the executor runs it (a body
+    /// too large, malformed, or with members it does not take; a tool that is not served), once
+    /// the delivery named its operation: the key is read, and the refusal says
+    /// `safe_to_repeat` only if the key provably had no effect. A delivery that named no
+    /// operation (or no valid one) proves nothing happened under any key. A face that could not
+    /// read what was delivered far enough to know whether it named one has no proof at all, and
+    /// refuses with `Outcome::rejected` (`safe_to_repeat: false`).
+    pub async fn refuse(
+        &self,
+        caller: Caller,
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        code: ErrorCode,
+        message: impl Into<String>,
+    ) -> Outcome {
+        let mut named = true;
+        for part in [&workflow_id, &step_id].into_iter().flatten() {
+            named &= check_part("part", part, self.key_part_bytes).is_ok();
+        }
+        let operation = Operation {
+            caller,
+            environment: self.environment.clone(),
+            workflow_id: workflow_id.filter(|_| named),
+            step_id: step_id.filter(|_| named),
+        };
+        self.executor.refuse(&operation, code, message).await
     }
 
     /// Whether `key` is an operation `tenant`'s callers may read or act on here: their own

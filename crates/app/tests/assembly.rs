@@ -231,3 +231,84 @@ async fn operator_actions_by_key_are_scoped_to_the_callers_tenant() {
     assert!(matches!(e, ActError::NotFound(_)), "{e}");
     assert_eq!(tickets.effects(), 1);
 }
+
+/// A downstream whose call commits an effect (counted on its own side) and then panics: the
+/// task that ran the delivery dies after it may have sent.
+struct CommitsThenPanics {
+    effects: std::sync::atomic::AtomicU64,
+}
+
+impl Downstream for CommitsThenPanics {
+    fn perform<'a>(
+        &'a self,
+        _request: idemgate_core::effect::EffectRequest<'a>,
+    ) -> idemgate_core::store::BoxFuture<'a, idemgate_core::effect::EffectOutcome> {
+        Box::pin(async move {
+            self.effects
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            panic!("the effect's code failed after committing");
+        })
+    }
+    fn lookup_receipt<'a>(
+        &'a self,
+        _key: &'a OperationKey,
+    ) -> idemgate_core::store::BoxFuture<'a, idemgate_core::effect::Lookup> {
+        Box::pin(async { idemgate_core::effect::Lookup::Unavailable("no lookup".into()) })
+    }
+    fn poll_job<'a>(
+        &'a self,
+        _key: &'a OperationKey,
+        _job_id: &'a str,
+    ) -> idemgate_core::store::BoxFuture<'a, idemgate_core::effect::JobStatus> {
+        Box::pin(async { idemgate_core::effect::JobStatus::Running })
+    }
+}
+
+/// A delivery whose task died after it may have sent is `unknown`, never `rejected` — and
+/// never sent again. A key the task never touched is refused as safe to repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_died_after_it_may_have_sent_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contracts/tickets.create.yaml"
+    );
+    let contracts = contracts::load(&[root.to_string()], Path::new("")).unwrap();
+    let downstream = Arc::new(CommitsThenPanics {
+        effects: Default::default(),
+    });
+    let shared = downstream.clone();
+    let effects = move |_: &Contract| -> Result<Arc<dyn Downstream>, String> {
+        Ok(shared.clone() as Arc<dyn Downstream>)
+    };
+    let tools = ToolSet::build(contracts, &effects).unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.sqlite").display());
+    let store = idemgate_app::open_store(&url, idemgate_core::audit::Sealer::unsigned())
+        .await
+        .unwrap();
+    let app = Assembly::new(store, tools, "test").build();
+    let call = || {
+        app.invoke(
+            caller("acme"),
+            "tickets.create",
+            Some("run_p".into()),
+            Some("s".into()),
+            ticket(),
+        )
+    };
+    let died = call().await;
+    assert_eq!(died.status, Status::Unknown, "{died:?}");
+    assert!(!died.safe_to_repeat());
+    assert_eq!(
+        died.operation_key.as_ref().map(|k| k.as_str()),
+        Some("acme:test:run_p:s")
+    );
+    // The claim stays with the dead task until its lease ends; a repeat does not send again.
+    let again = call().await;
+    assert_ne!(again.status, Status::Applied, "{again:?}");
+    assert!(!again.safe_to_repeat(), "{again:?}");
+    assert_eq!(
+        downstream.effects.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}

@@ -10,7 +10,7 @@ use idemgate_core::effect::{
 };
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{Outcome, Status};
-use idemgate_core::record::{Record, RecordState, RecordStatus};
+use idemgate_core::record::{Dispatch, Record, RecordState, RecordStatus};
 use idemgate_core::store::{BoxFuture, Filter, Store};
 use idemgate_engine::{Caller, Executor, Operation, Settings};
 use idemgate_sandbox::{Fault, Sandbox};
@@ -135,7 +135,7 @@ fn show(outcome: &Outcome) {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default(),
-        outcome.safe_to_repeat
+        outcome.safe_to_repeat()
     ));
     if let Some(s) = outcome.retry_after_seconds {
         line.push_str(&format!(" · retry_after={s}s"));
@@ -152,13 +152,21 @@ fn count(what: &str, n: u64) {
 
 fn describe(record: &Record, now: i64) -> String {
     match &record.state {
-        RecordState::Pending { lease, dispatch } => format!(
-            "pending · lease {} · expires in {}s · dispatch {:?} · attempt {}",
-            lease.owner.as_deref().unwrap_or("released"),
-            (lease.expires_at - now) / 1000,
-            dispatch,
-            record.fence
-        ),
+        RecordState::Pending { lease, dispatch } => {
+            // In words: a tool whose service deduplicates on the key needs no marker, so "no
+            // marker" says nothing about whether the request left.
+            let dispatch = match dispatch {
+                Dispatch::NotSent => "no dispatch marker".to_string(),
+                Dispatch::Sent => "dispatch marker written (may have been sent)".to_string(),
+                Dispatch::Job { job_id } => format!("job {job_id} running"),
+            };
+            format!(
+                "pending · lease {} · expires in {}s · {dispatch} · attempt {}",
+                lease.owner.as_deref().unwrap_or("released"),
+                (lease.expires_at - now) / 1000,
+                record.fence
+            )
+        }
         other => {
             format!("{} · attempt {}", record.status().as_str(), record.fence)
                 + &match other {

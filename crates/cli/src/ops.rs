@@ -169,8 +169,9 @@ struct Summary {
     approved_by: Option<String>,
     created_at: i64,
     updated_at: i64,
+    /// Null while the operation has not settled (its retention counts from settlement).
     #[serde(default)]
-    expires_at: i64,
+    expires_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -636,12 +637,11 @@ fn print_operation(view: &OperationView, now: i64) {
     record.add_row(["approved by", or_none(r.approved_by.as_deref())]);
     record.add_row(["created", &when(now, r.created_at)]);
     record.add_row(["last change", &when(now, r.updated_at)]);
-    // A record kept until its tool's retention sweeps it has no expiry of its own.
-    if r.expires_at >= NEVER {
-        record.add_row(["expires", "never"]);
-    } else if r.expires_at > 0 {
-        record.add_row(["expires", &when(now, r.expires_at)]);
-    }
+    // An unsettled record has no expiry yet: its retention counts from settlement.
+    match r.expires_at {
+        Some(at) if at < NEVER => record.add_row(["expires", &when(now, at)]),
+        Some(_) | None => record.add_row(["expires", "not before it settles"]),
+    };
     println!("{record}");
     match &view.receipt {
         Some(receipt) => println!(

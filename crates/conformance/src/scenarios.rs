@@ -142,7 +142,7 @@ pub async fn same_key_twice_one_effect(store: Arc<dyn Store>) {
     let c = spec.contract();
     let first = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(first.status, Status::Applied, "{first:?}");
-    assert!(!first.safe_to_repeat);
+    assert!(!first.safe_to_repeat());
     let second = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(second.status, Status::Replayed, "{second:?}");
     assert_eq!(second.effect_reference, first.effect_reference);
@@ -210,7 +210,7 @@ pub async fn lost_response_without_receipt_path_is_unknown(store: Arc<dyn Store>
     let first = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(first.status, Status::Unknown, "{first:?}");
     assert_eq!(first.next_action, NextAction::Reconcile);
-    assert!(!first.safe_to_repeat);
+    assert!(!first.safe_to_repeat());
     let retry = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(retry.status, Status::Unknown, "{retry:?}");
     assert_eq!(h.downstream.calls(), 1, "no blind second call");
@@ -472,7 +472,7 @@ pub async fn duplicate_intent_window_flags_new_key(store: Arc<dyn Store>) {
     assert_eq!(again.error_code(), Some(ErrorCode::PossibleDuplicateIntent));
     assert_eq!(again.next_action, NextAction::AskForApproval);
     assert!(
-        !again.safe_to_repeat,
+        !again.safe_to_repeat(),
         "the same request already ran: not safe to repeat"
     );
     // Held for an operator, not dropped: asking for approval leads somewhere.
@@ -820,7 +820,7 @@ pub async fn unwritten_release_is_not_safe_to_repeat(store: Arc<dyn Store>) {
             1,
             "the release was the faulted write"
         );
-        assert!(!o.safe_to_repeat, "{fault:?}: {o:?}");
+        assert!(!o.safe_to_repeat(), "{fault:?}: {o:?}");
         assert_eq!(o.status, Status::InFlight, "{fault:?}: {o:?}");
         assert_eq!(o.next_action, NextAction::Poll);
         assert_effects(&h, 0, "nothing sent yet");
@@ -1069,7 +1069,7 @@ pub async fn read_takes_no_claim(store: Arc<dyn Store>) {
     let c = spec.contract();
     let o = h.deliver(&c, "s1", &json!({"subject": "status"})).await;
     assert_eq!(o.status, Status::Applied, "{o:?}");
-    assert!(o.safe_to_repeat);
+    assert!(o.safe_to_repeat());
     assert!(h.record("s1").await.is_none(), "a read is never recorded");
     h.auth.set(Authorization::Denied("no".into()));
     let o = h.deliver(&c, "s1", &json!({"subject": "status"})).await;
@@ -1097,7 +1097,7 @@ pub async fn natural_idempotent_precondition_failure_is_released(store: Arc<dyn 
     unkeyed.step_id = None;
     let o = h.executor.execute(&c, &unkeyed, &args, &h.downstream).await;
     assert_eq!(o.status, Status::Applied, "{o:?}");
-    assert!(o.safe_to_repeat);
+    assert!(o.safe_to_repeat());
     assert_effects(&h, 1, "unkeyed natural idempotent");
 }
 
@@ -1312,7 +1312,7 @@ pub async fn approval_denied_by_the_recheck_is_not_sent_by_the_recoverer(store: 
         Some(ErrorCode::Forbidden),
         "{approved:?}"
     );
-    assert!(approved.safe_to_repeat, "nothing was sent");
+    assert!(approved.safe_to_repeat(), "nothing was sent");
     for _ in 0..3 {
         h.expire_leases(&spec);
         recoverer.run_once().await.unwrap();
@@ -1470,7 +1470,7 @@ pub async fn late_delivery_for_an_applied_effect_is_not_safe_to_repeat(store: Ar
     let (h, c, reference) = after_retention(store, "reject").await;
     let late = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(late.error_code(), Some(ErrorCode::ExpiredOperation));
-    assert!(!late.safe_to_repeat, "the effect happened: {late:?}");
+    assert!(!late.safe_to_repeat(), "the effect happened: {late:?}");
     assert_eq!(late.effect_reference.as_deref(), Some(reference.as_str()));
     assert_effects(&h, 1, "late arrival");
 }
@@ -1493,7 +1493,7 @@ pub async fn refused_resend_after_a_lost_answer_is_unknown(store: Arc<dyn Store>
         h.downstream.push_faults([Fault::CommitThenDrop, refusal]);
         let o = h.deliver(&c, &step, &ticket("Refund")).await;
         assert_eq!(o.status, Status::Unknown, "{o:?}");
-        assert!(!o.safe_to_repeat);
+        assert!(!o.safe_to_repeat());
         assert_eq!(status_of(&h, &step).await, RecordStatus::Unknown);
         assert_eq!(h.downstream.effects_for(&key(&step)), 1);
         // The next delivery hears unknown too, never a refusal that invites a new attempt.
@@ -1542,7 +1542,7 @@ pub async fn not_processed_resend_after_a_lost_answer_stays_ambiguous(store: Arc
         .push_faults([Fault::CommitThenDrop, Fault::NotSent, Fault::NotSent]);
     let o = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(o.status, Status::InFlight, "{o:?}");
-    assert!(!o.safe_to_repeat);
+    assert!(!o.safe_to_repeat());
     let record = h.record("s1").await.unwrap();
     let RecordState::Pending { lease, dispatch } = &record.state else {
         panic!("still pending: {record:?}");

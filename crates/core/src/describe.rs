@@ -59,7 +59,7 @@ is always safe. If the user really wants the same thing done again, call with `r
 operation_key of the earlier answer; that is a new operation. Never use `repeat_of` to retry. \
 `in_flight`: still running — do not call again; poll `idemgate_operation_status` with the \
 operation_key. `unknown`: it may have happened and cannot be proved — do not call again; an \
-operator reconciles it. `rejected`: nothing happened; read error.code. Every answer carries \
+operator reconciles it. `rejected`: this call did nothing; read error.code, and safe_to_repeat for whether the operation may be tried again. Every answer carries \
 `status`, `next_action` and `safe_to_repeat`, and says which rule named the operation."
     )
 }
@@ -70,7 +70,8 @@ application running you, not by you. Calling again for the same operation perfor
 effect: it answers `replayed` with the stored result. `in_flight`: it is still running — do not \
 call again; poll `idemgate_operation_status` with the operation_key. `unknown`: it may have \
 happened and cannot be proved — do not call again; an operator reconciles it. `rejected`: \
-nothing happened; read error.code. Every answer carries `status`, `next_action` and \
+this call did nothing; read error.code, and safe_to_repeat for whether the operation may be \
+tried again. Every answer carries `status`, `next_action` and \
 `safe_to_repeat`.";
     match contract.effect_class {
         EffectClass::Read => {
@@ -90,8 +91,8 @@ approval (`in_flight` with next_action `ask_for_approval`). The operation is nam
 application running you, not by you. Calling again for the same operation performs no new \
 effect: it answers `replayed` with the stored result. `in_flight`: do not call again; poll \
 `idemgate_operation_status` with the operation_key. `unknown`: it may have happened and cannot \
-be proved — do not call again; an operator reconciles it. `rejected`: nothing happened; read \
-error.code."
+be proved — do not call again; an operator reconciles it. `rejected`: this call did nothing; read \
+error.code, and safe_to_repeat for whether the operation may be tried again."
         }
         EffectClass::NonIdempotent => {
             "Not executed: non_idempotent tools must be redesigned as keyed commands."

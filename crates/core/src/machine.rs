@@ -8,7 +8,8 @@
 use crate::contract::{Contract, LateArrival};
 use crate::effect::EffectOutcome;
 use crate::fingerprint::Fingerprint;
-use crate::outcome::{ErrorBody, ErrorCode, NextAction, Outcome};
+use crate::key::OperationKey;
+use crate::outcome::{ErrorBody, ErrorCode, NextAction, Outcome, Repeatable};
 use crate::record::{Digest, Dispatch, Millis, Receipt, Record, RecordState, Refusal};
 
 /// Seconds a caller is told to wait before polling an operation that awaits approval.
@@ -36,15 +37,35 @@ pub fn may_have_effect(record: &Record) -> bool {
     }
 }
 
+/// The proof that `key` has had no effect, from what a read of it found: no record, or one
+/// that provably had no effect ([`may_have_effect`]). `None` when the read found one that may
+/// have. The read's moment is the proof's: an answer built from it is true as of the read.
+pub fn repeatable(key: &OperationKey, read: Option<&Record>) -> Option<Repeatable> {
+    match read {
+        None => Some(Repeatable::proven(key.clone())),
+        Some(record) if !may_have_effect(record) => Some(Repeatable::proven(record.key.clone())),
+        Some(_) => None,
+    }
+}
+
+/// A rejection of a delivery for `key`, given what a read of it found (`read`):
+/// `safe_to_repeat` only when the key provably had no effect.
+pub fn rejected_after_read(
+    key: &OperationKey,
+    read: Option<&Record>,
+    code: ErrorCode,
+    message: impl Into<String>,
+) -> Outcome {
+    match repeatable(key, read) {
+        Some(proof) => Outcome::refused(proof, code, message),
+        None => Outcome::rejected(Some(key.clone()), code, message),
+    }
+}
+
 /// A rejection of a delivery that found `record`: `safe_to_repeat` only when the key
 /// provably had no effect.
 pub fn rejected_for(record: &Record, code: ErrorCode, message: impl Into<String>) -> Outcome {
-    let key = Some(record.key.clone());
-    if may_have_effect(record) {
-        Outcome::rejected_after_effect(key, code, message)
-    } else {
-        Outcome::rejected(key, code, message)
-    }
+    rejected_after_read(&record.key, Some(record), code, message)
 }
 
 /// What a delivery does when its key already has a record.
@@ -134,11 +155,7 @@ pub fn branch(contract: &Contract, record: &Record, incoming: &Fingerprint, now:
 
 /// The stored refusal, replayed as the same refusal. A refusal proves nothing happened.
 pub fn refused(record: &Record, refusal: &Refusal) -> Outcome {
-    Outcome::rejected(
-        Some(record.key.clone()),
-        refusal.code,
-        refusal.message.clone(),
-    )
+    rejected_for(record, refusal.code, refusal.message.clone())
 }
 
 /// A delivery for a record past its retention, by what it settled as and the contract's
@@ -147,15 +164,15 @@ fn late_arrival(contract: &Contract, record: &Record, digest: &Digest) -> Branch
     let key = record.key.clone();
     let reference = match digest {
         Digest::Refused { code } => {
-            return Branch::Refuse(Outcome::rejected(
-                Some(key),
+            return Branch::Refuse(rejected_for(
+                record,
                 *code,
                 "this operation was refused; its record has since expired",
             ));
         }
         Digest::NeverRan => {
-            return Branch::Refuse(Outcome::rejected(
-                Some(key),
+            return Branch::Refuse(rejected_for(
+                record,
                 ErrorCode::ExpiredOperation,
                 "this operation never ran and its record expired; a new operation needs new \
                  intent (a new key)",
@@ -167,7 +184,7 @@ fn late_arrival(contract: &Contract, record: &Record, digest: &Digest) -> Branch
                    operation needs new intent (a new key)";
     match contract.late_arrival() {
         LateArrival::Reject => Branch::Refuse(
-            Outcome::rejected_after_effect(Some(key), ErrorCode::ExpiredOperation, expired)
+            Outcome::rejected(Some(key), ErrorCode::ExpiredOperation, expired)
                 .with_reference(Some(reference)),
         ),
         LateArrival::Tombstone => {
@@ -423,8 +440,8 @@ pub fn status_outcome(contract: Option<&Contract>, record: &Record, now: Millis)
             };
             Outcome::in_flight(key, NextAction::Poll, wait)
         }
-        RecordState::AwaitingApproval { until } if *until <= now => Outcome::rejected(
-            Some(key),
+        RecordState::AwaitingApproval { until } if *until <= now => rejected_for(
+            record,
             ErrorCode::ApprovalExpired,
             "no operator approved this operation within its approval window; nothing ran",
         ),

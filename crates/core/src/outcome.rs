@@ -197,14 +197,62 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// The proof that attempting a business action again cannot make a second effect: **the only
+/// way an [`Outcome`] says `safe_to_repeat: true`**, as an `Authorized` is the only way to send.
+/// Made from evidence, never by a face by hand:
+///
+/// - by the machine, from a read of the key ([`crate::machine::repeatable`]): no record, or one
+///   that provably had no effect (held, refused, released, never run);
+/// - for a delivery that readably named no operation ([`Repeatable::unnamed`]): nothing can
+///   have happened under a key it did not name;
+/// - from a contract whose effect class makes repeating harmless, for a call without a key
+///   ([`Repeatable::harmless`]: a read, a key-less absolute update).
+///
+/// A face that refuses a delivery naming a key, before the executor, asks the application to
+/// read the key (`idemgate_app::App::refuse`); a face that could not read what was delivered
+/// (a body too large or not JSON) has no proof, and its refusal says `safe_to_repeat: false`.
+#[derive(Debug)]
+pub struct Repeatable {
+    key: Option<OperationKey>,
+}
+
+impl Repeatable {
+    /// The machine's proof for `key`, made by [`crate::machine::repeatable`] from a read.
+    pub(crate) fn proven(key: OperationKey) -> Repeatable {
+        Repeatable { key: Some(key) }
+    }
+
+    /// A delivery that named no operation (no `workflow_id` and `step_id`, or a key that is
+    /// not one): nothing of it can have happened under any key. The outcome names no key.
+    pub fn unnamed() -> Repeatable {
+        Repeatable { key: None }
+    }
+
+    /// A call without a key to a tool whose repeat is harmless by its contract's own
+    /// declaration (a read; a key-less natural-idempotent update). The outcome names no key.
+    pub fn harmless(class: crate::contract::EffectClass) -> Option<Repeatable> {
+        use crate::contract::EffectClass;
+        match class {
+            EffectClass::Read | EffectClass::NaturalIdempotent => Some(Repeatable { key: None }),
+            EffectClass::KeyBased | EffectClass::Irreversible | EffectClass::NonIdempotent => None,
+        }
+    }
+
+    /// The key the proof is about, if the delivery named one.
+    pub fn key(&self) -> Option<&OperationKey> {
+        self.key.as_ref()
+    }
+}
+
 /// The result shape of every face. Every field is always present (null when it does not
-/// apply), so clients and models see one stable shape.
+/// apply), so clients and models see one stable shape. `safe_to_repeat` is read with
+/// [`Outcome::safe_to_repeat`] and set only from a [`Repeatable`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     pub status: Status,
     pub operation_key: Option<OperationKey>,
     pub effect_reference: Option<String>,
-    pub safe_to_repeat: bool,
+    safe_to_repeat: bool,
     pub next_action: NextAction,
     pub retry_after_seconds: Option<u64>,
     pub result: Option<Value>,
@@ -271,9 +319,9 @@ impl Outcome {
         }
     }
 
-    /// A rejection of a key that has had no effect: nothing happened, and the business action
-    /// may be attempted again without risking a second effect. For a refusal of a key whose
-    /// effect did (or may have) happen, use [`Outcome::rejected_after_effect`].
+    /// A rejection of this delivery: it did nothing, and nothing is claimed about whether the
+    /// business action is safe to repeat (`safe_to_repeat: false`) — the key may have had its
+    /// effect earlier. A rejection that may say more takes the proof: [`Outcome::refused`].
     pub fn rejected(
         key: Option<OperationKey>,
         code: ErrorCode,
@@ -284,7 +332,7 @@ impl Outcome {
             status: Status::Rejected,
             operation_key: key,
             effect_reference: None,
-            safe_to_repeat: true,
+            safe_to_repeat: false,
             next_action: next,
             retry_after_seconds: if code.retryable() { Some(1) } else { None },
             result: None,
@@ -295,16 +343,24 @@ impl Outcome {
         }
     }
 
-    /// A rejection of this delivery for a key whose effect happened (or may have): this
-    /// delivery did nothing, but the business action is not safe to repeat.
-    pub fn rejected_after_effect(
-        key: Option<OperationKey>,
-        code: ErrorCode,
-        message: impl Into<String>,
-    ) -> Outcome {
-        let mut o = Outcome::rejected(key, code, message);
-        o.safe_to_repeat = false;
-        o
+    /// A rejection with the proof that the business action may be attempted again without
+    /// risking a second effect: `safe_to_repeat: true`, for the proof's key.
+    pub fn refused(proof: Repeatable, code: ErrorCode, message: impl Into<String>) -> Outcome {
+        Outcome::rejected(None, code, message).repeatable(proof)
+    }
+
+    /// This outcome with `safe_to_repeat: true`, for the proof's key (none where the proof names
+    /// none: a key-less call).
+    pub fn repeatable(mut self, proof: Repeatable) -> Outcome {
+        self.safe_to_repeat = true;
+        self.operation_key = proof.key;
+        self
+    }
+
+    /// May this business action be attempted again without risking a second effect? True only
+    /// where a [`Repeatable`] proved it.
+    pub fn safe_to_repeat(&self) -> bool {
+        self.safe_to_repeat
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Outcome {
@@ -403,13 +459,29 @@ mod tests {
     }
 
     #[test]
-    fn rejected_is_safe_to_repeat_and_mismatch_says_inspect() {
+    fn only_a_proof_makes_a_rejection_safe_to_repeat() {
         let o = Outcome::rejected(
             None,
             ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
             "x",
         );
-        assert!(o.safe_to_repeat);
+        assert!(!o.safe_to_repeat());
+        let key = OperationKey::parse("acme:prod:run_827:step_03").unwrap();
+        let o = Outcome::refused(
+            Repeatable::proven(key.clone()),
+            ErrorCode::InvalidArguments,
+            "x",
+        );
+        assert!(o.safe_to_repeat());
+        assert_eq!(o.operation_key, Some(key));
+        let o = Outcome::refused(Repeatable::unnamed(), ErrorCode::MissingOperationKey, "x");
+        assert!(o.safe_to_repeat());
+        assert_eq!(o.operation_key, None);
+        let o = Outcome::rejected(
+            None,
+            ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
+            "x",
+        );
         assert_eq!(o.next_action, NextAction::InspectOperation);
         assert_eq!(o.retry_after_seconds, None);
         let o = Outcome::rejected(None, ErrorCode::StoreUnavailable, "x");

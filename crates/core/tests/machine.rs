@@ -149,10 +149,10 @@ fn snake<T: serde::Serialize>(v: T) -> String {
 fn show(o: &Outcome) -> String {
     assert_eq!(o.operation_key.as_ref(), Some(&key()), "{o:?}");
     if o.status != Status::Rejected {
-        assert!(!o.safe_to_repeat, "{o:?}");
+        assert!(!o.safe_to_repeat(), "{o:?}");
     }
     let mut s = snake(o.status);
-    if o.status == Status::Rejected && !o.safe_to_repeat {
+    if o.status == Status::Rejected && !o.safe_to_repeat() {
         s += " unsafe";
     }
     if snake(o.next_action) != "none" {

@@ -190,7 +190,7 @@ async fn not_processed_releases_the_claim_and_a_retry_applies_once() {
     w.server.push_fault(HttpFault::not_processed(3));
     let first = w.deliver("s1").await;
     assert_eq!(first.status, Status::Rejected, "{first:?}");
-    assert!(first.safe_to_repeat);
+    assert!(first.safe_to_repeat());
     assert_eq!(w.server.downstream().effects(), 0);
     let retry = w.deliver("s1").await;
     assert_eq!(retry.status, Status::Applied, "{retry:?}");
@@ -219,7 +219,7 @@ async fn a_url_argument_that_would_move_the_path_leaves_no_record() {
             "{queue_id:?}: {outcome:?}"
         );
         assert_eq!(outcome.error_code(), Some(ErrorCode::InvalidArguments));
-        assert!(outcome.safe_to_repeat, "nothing happened under the key");
+        assert!(outcome.safe_to_repeat(), "nothing happened under the key");
         let message = &outcome.error.as_ref().unwrap().message;
         assert!(message.contains("`queue_id`"), "{message}");
     }
@@ -257,7 +257,7 @@ async fn a_url_argument_that_is_absent_or_not_a_scalar_does_not_burn_the_key() {
         assert_eq!(outcome.status, Status::Rejected, "{args}: {outcome:?}");
         assert_eq!(outcome.error_code(), Some(ErrorCode::InvalidArguments));
         assert!(
-            outcome.safe_to_repeat,
+            outcome.safe_to_repeat(),
             "{args}: nothing happened under the key"
         );
         let message = &outcome.error.as_ref().unwrap().message;

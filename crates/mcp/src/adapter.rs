@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::{self, HeaderValue, Request, Response, StatusCode, header};
 use idemgate_core::contract::{Contract, EffectClass, Identity};
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::{ErrorCode, Outcome};
+use idemgate_core::outcome::{ErrorCode, Outcome, Repeatable};
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::Caller;
 use rmcp::model::{
@@ -262,8 +262,9 @@ read a fake's own effect count, script its next answer, finish an accepted job."
 struct Handler {
     shared: Arc<Shared>,
     who: Who,
-    /// The stdio connection's own session id, made when it starts: a server process restarted
-    /// by its host is a new session.
+    /// A session id fixed for the connection, for a transport whose connections are sessions.
+    /// None over stdio, where the key comes from the configured principal alone, so a server
+    /// restarted by its host is the same session; over HTTP the request's header names it.
     session: Option<Arc<str>>,
 }
 
@@ -568,7 +569,7 @@ fn to_result(reply: Reply) -> CallToolResult {
 /// a task of the tasks extension: its id is the operation key, its state the durable record.
 /// `None` for an answer that is final, or that has no operation key.
 fn as_task(outcome: &Outcome, now: idemgate_core::record::Millis) -> Option<Task> {
-    if outcome.status != idemgate_core::outcome::Status::InFlight || outcome.safe_to_repeat {
+    if outcome.status != idemgate_core::outcome::Status::InFlight || outcome.safe_to_repeat() {
         return None;
     }
     let key = outcome.operation_key.as_ref()?;
@@ -678,8 +679,9 @@ impl Handler {
         {
             Ok(fp) => fp,
             Err(e) => {
-                return Named::Refused(Outcome::rejected(
-                    None,
+                // No key could be derived: the call named none, and nothing ran.
+                return Named::Refused(Outcome::refused(
+                    Repeatable::unnamed(),
                     ErrorCode::InvalidArguments,
                     e.message,
                 ));
@@ -693,14 +695,20 @@ impl Handler {
             session,
         };
         let invalid_key = |e: idemgate_core::key::Error| {
-            Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string())
+            Outcome::refused(
+                Repeatable::unnamed(),
+                ErrorCode::InvalidOperationKey,
+                e.to_string(),
+            )
         };
         let store_down = |e: idemgate_core::store::Error| {
             tracing::warn!(tool = contract.name, error = %e, "session-window lookup failed");
+            // Which operation this call is could not be decided: it was not run, but nothing
+            // proves the operation it would have been had no effect.
             Outcome::rejected(
                 None,
                 ErrorCode::StoreUnavailable,
-                "the operation store could not be read; nothing happened",
+                "the operation store could not be read; this call was not run",
             )
         };
         if let Some(value) = repeat_of {
@@ -789,12 +797,17 @@ impl Handler {
     async fn status(&self, caller: &Caller, arguments: &Map<String, Value>) -> Reply {
         let text = arguments.get("operation_key").and_then(Value::as_str);
         let outcome = match text.map(OperationKey::parse) {
-            None => Outcome::rejected(
-                None,
+            // A poll is a read: polling again is harmless.
+            None => Outcome::refused(
+                Repeatable::unnamed(),
                 ErrorCode::InvalidArguments,
                 "operation_key (a string) is required",
             ),
-            Some(Err(e)) => Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+            Some(Err(e)) => Outcome::refused(
+                Repeatable::unnamed(),
+                ErrorCode::InvalidOperationKey,
+                e.to_string(),
+            ),
             Some(Ok(key)) => match self.shared.gateway.status(caller, &key).await {
                 Some(outcome) => outcome,
                 // The same answer for another tenant's key as for a missing one.
@@ -1209,8 +1222,9 @@ where
     let handler = Handler {
         shared: Arc::new(Shared::new(gateway, options)?),
         who: Who::Fixed(caller),
-        // One stdio connection is one session.
-        session: Some(Arc::from(format!("stdio-{}", uuid::Uuid::now_v7()))),
+        // No per-connection part over stdio (DESIGN §6): a host that restarts this server and
+        // re-sends a call — the failure the window exists for — reaches the same operation.
+        session: None,
     };
     let running = match handler.serve((reader, writer)).await {
         Ok(running) => running,

@@ -259,7 +259,12 @@ impl RepeatRefused {
                 "{REPEAT_OF} names no operation of this caller made with {tool}; pass the operation_key an earlier answer of {tool} returned, or leave {REPEAT_OF} out"
             ),
         };
-        Outcome::rejected(None, ErrorCode::InvalidOperationKey, message)
+        // The call was not run, under no key of its own: a refusal of the identity it asked for.
+        Outcome::refused(
+            idemgate_core::outcome::Repeatable::unnamed(),
+            ErrorCode::InvalidOperationKey,
+            message,
+        )
     }
 }
 

@@ -319,7 +319,7 @@ pub fn outcome_schema() -> Map<String, Value> {
             "status": {
                 "type": "string",
                 "enum": statuses,
-                "description": "applied: this call performed the effect. replayed: done earlier, stored result, no new effect. in_flight: still running or awaiting approval; poll. rejected: nothing happened. unknown: may have happened, cannot be proved; do not call again."
+                "description": "applied: this call performed the effect. replayed: done earlier, stored result, no new effect. in_flight: still running or awaiting approval; poll. rejected: this call did nothing; safe_to_repeat says whether the operation may be tried again. unknown: may have happened, cannot be proved; do not call again."
             },
             "operation_key": {"type": ["string", "null"]},
             "effect_reference": {
@@ -391,7 +391,7 @@ pub fn sentence(tool: &str, outcome: &Outcome) -> String {
         .map(|r| format!(" ({r})"))
         .unwrap_or_default();
     let text = match outcome.status {
-        Status::Applied if outcome.safe_to_repeat => {
+        Status::Applied if outcome.safe_to_repeat() => {
             format!("applied: {tool} answered{reference}; calling it again is harmless.")
         }
         Status::Applied => format!(
@@ -408,7 +408,7 @@ pub fn sentence(tool: &str, outcome: &Outcome) -> String {
             NextAction::AskForApproval => format!(
                 "in_flight: operation {key} awaits an operator's approval; do not call again, poll {STATUS_TOOL} later."
             ),
-            _ if outcome.safe_to_repeat => format!(
+            _ if outcome.safe_to_repeat() => format!(
                 "in_flight: {tool} accepted the request{reference}; check again in {} s.",
                 outcome.retry_after_seconds.unwrap_or(1)
             ),
@@ -417,7 +417,7 @@ pub fn sentence(tool: &str, outcome: &Outcome) -> String {
                 outcome.retry_after_seconds.unwrap_or(1)
             ),
         },
-        Status::Unknown if outcome.safe_to_repeat => {
+        Status::Unknown if outcome.safe_to_repeat() => {
             format!("unknown: {tool} gave no clear answer; calling it again is harmless.")
         }
         Status::Unknown => format!(
@@ -434,27 +434,47 @@ fn rejected_sentence(outcome: &Outcome) -> String {
         None => (ErrorCode::InternalError, ""),
     };
     let code_name = code.as_str();
+    // The text follows the structured answer: "nothing happened" only where `safe_to_repeat`
+    // proved it; otherwise this call did nothing, but the operation may have had its effect.
+    const MAYBE: &str = "this call did nothing, but the operation may already have had its effect";
     if code == ErrorCode::MissingOperationKey {
+        let what = if outcome.safe_to_repeat() {
+            "nothing happened"
+        } else {
+            MAYBE
+        };
         return format!(
-            "rejected ({code_name}): nothing happened; this tool needs the operation identity from the application running you (_meta \"{OPERATION_META}\" with workflow_id and step_id), which you cannot supply — tell the user."
+            "rejected ({code_name}): {what}; this tool needs the operation identity from the application running you (_meta \"{OPERATION_META}\" with workflow_id and step_id), which you cannot supply — tell the user."
         );
     }
     if code == ErrorCode::NotFound {
         return format!("rejected ({code_name}): no such operation for this caller.");
     }
-    let then = match (outcome.retry_after_seconds, outcome.next_action) {
-        (Some(s), _) => format!(" Try again in {s} s."),
-        (None, NextAction::InspectOperation) => {
-            " Inspect the operation before trying anything else.".to_string()
-        }
-        (None, NextAction::AskForApproval) => " Ask a person for approval.".to_string(),
-        _ => String::new(),
+    let (what, then) = if outcome.safe_to_repeat() {
+        let then = match (outcome.retry_after_seconds, outcome.next_action) {
+            (Some(s), _) => format!(" Try again in {s} s."),
+            (None, NextAction::InspectOperation) => {
+                " Inspect the operation before trying anything else.".to_string()
+            }
+            (None, NextAction::AskForApproval) => " Ask a person for approval.".to_string(),
+            _ => String::new(),
+        };
+        ("nothing happened", then)
+    } else {
+        let then = match (outcome.retry_after_seconds, outcome.next_action) {
+            (Some(s), _) => format!(
+                " Only the same call for the same operation may be tried again, in {s} s; do not start it anew."
+            ),
+            (None, NextAction::AskForApproval) => " Ask a person for approval.".to_string(),
+            _ => " Do not repeat it as a new operation; inspect the operation first.".to_string(),
+        };
+        (MAYBE, then)
     };
     let message = message.trim_end_matches('.');
     if message.is_empty() {
-        format!("rejected ({code_name}): nothing happened.{then}")
+        format!("rejected ({code_name}): {what}.{then}")
     } else {
-        format!("rejected ({code_name}): nothing happened; {message}.{then}")
+        format!("rejected ({code_name}): {what}; {message}.{then}")
     }
 }
 
@@ -478,7 +498,12 @@ pub struct MetaError(String);
 impl MetaError {
     /// The answer to a call carrying it: `rejected` / `invalid_operation_key`, nothing written.
     pub fn outcome(&self) -> Outcome {
-        Outcome::rejected(None, ErrorCode::InvalidOperationKey, self.to_string())
+        // A malformed identity names no operation: nothing can have run under it.
+        Outcome::refused(
+            idemgate_core::outcome::Repeatable::unnamed(),
+            ErrorCode::InvalidOperationKey,
+            self.to_string(),
+        )
     }
 }
 
@@ -629,6 +654,7 @@ impl Catalog {
 mod tests {
     use super::*;
     use idemgate_core::key::OperationKey;
+    use idemgate_core::outcome::Repeatable;
 
     fn contract(yaml: &str) -> Arc<Contract> {
         Arc::new(Contract::load(yaml, "test.yaml").expect("contract loads"))
@@ -849,22 +875,41 @@ retention:\n  record_ttl: 1d\n  tombstone_ttl: 2d\n  max_retry_window: 1d\n",
             "unknown: operation acme:prod:run_827:step_03 may have taken effect and cannot be proved; do not call again, an operator must reconcile it.",
             true,
         );
+        // A rejection's text follows `safe_to_repeat`: "nothing happened" only where proved.
         check(
             Outcome::rejected(
                 Some(key()),
                 ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
                 "this operation was claimed for a different request.",
             ),
-            "rejected (idempotency_key_reused_with_different_request): nothing happened; this operation was claimed for a different request. Inspect the operation before trying anything else.",
+            "rejected (idempotency_key_reused_with_different_request): this call did nothing, but the operation may already have had its effect; this operation was claimed for a different request. Do not repeat it as a new operation; inspect the operation first.",
             true,
         );
         check(
             Outcome::rejected(None, ErrorCode::StoreUnavailable, "the store is down"),
+            "rejected (store_unavailable): this call did nothing, but the operation may already have had its effect; the store is down. Only the same call for the same operation may be tried again, in 1 s; do not start it anew.",
+            true,
+        );
+        check(
+            Outcome::refused(
+                Repeatable::unnamed(),
+                ErrorCode::StoreUnavailable,
+                "the store is down",
+            ),
             "rejected (store_unavailable): nothing happened; the store is down. Try again in 1 s.",
             true,
         );
         check(
-            Outcome::rejected(None, ErrorCode::MissingOperationKey, "x"),
+            Outcome::refused(
+                Repeatable::unnamed(),
+                ErrorCode::InvalidArguments,
+                "subject is required",
+            ),
+            "rejected (invalid_arguments): nothing happened; subject is required.",
+            true,
+        );
+        check(
+            Outcome::refused(Repeatable::unnamed(), ErrorCode::MissingOperationKey, "x"),
             "rejected (missing_operation_key): nothing happened; this tool needs the operation identity from the application running you (_meta \"io.idemgate/operation\" with workflow_id and step_id), which you cannot supply — tell the user.",
             true,
         );

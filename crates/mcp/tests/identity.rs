@@ -277,6 +277,35 @@ async fn a_repeat_inside_the_window_is_one_effect_and_repeat_of_makes_a_second()
     s.close().await;
 }
 
+/// Over stdio the key has no per-connection part: a host that restarts the server (a new
+/// connection, as `idemgate wrap` or `idemgate mcp` started again) and re-sends the same call
+/// reaches the same operation — the failure the window exists for — and another actor of the
+/// same tenant does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_stdio_server_replays_the_same_call() {
+    let w = world();
+    let mut s = w.connect("alice", TEN_MINUTES).await;
+    let first = s.call("tickets_create", ticket("Toner")).await;
+    assert_eq!(status(&first), "applied", "{first}");
+    s.close().await;
+    w.clock.advance(60_000);
+    let mut restarted = w.connect("alice", TEN_MINUTES).await;
+    let again = restarted.call("tickets_create", ticket("Toner")).await;
+    assert_eq!(status(&again), "replayed", "{again}");
+    assert_eq!(key(&again), key(&first));
+    assert_eq!(w.tickets().effects(), 1, "one effect across the restart");
+    restarted.close().await;
+    let mut bob = w.connect("bob", TEN_MINUTES).await;
+    let other = bob.call("tickets_create", ticket("Toner")).await;
+    assert_eq!(status(&other), "applied", "{other}");
+    assert_eq!(
+        w.tickets().effects(),
+        2,
+        "another principal is another operation"
+    );
+    bob.close().await;
+}
+
 fn first_rule(result: &Value) -> &str {
     result["_meta"]["io.idemgate/identity"]["rule"]
         .as_str()

@@ -16,7 +16,7 @@ use idemgate_app::{ActError, App, Assembly, Background, Recovery, Tool, ToolSet}
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
-use idemgate_core::record::{Dispatch, Record, RecordState, RecordStatus};
+use idemgate_core::record::{Dispatch, NOT_SETTLED, Record, RecordState, RecordStatus};
 use idemgate_core::store::Filter;
 use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -105,7 +105,7 @@ fn outcome_tuple(py: Python<'_>, o: &Outcome) -> PyResult<Py<PyAny>> {
             .map(|k| k.as_str())
             .into_pyobject(py)?,
         o.effect_reference.as_deref().into_pyobject(py)?,
-        o.safe_to_repeat.into_pyobject(py)?.to_owned().into_any(),
+        o.safe_to_repeat().into_pyobject(py)?.to_owned().into_any(),
         next.into_pyobject(py)?.into_any(),
         o.retry_after_seconds.into_pyobject(py)?,
         result,
@@ -167,7 +167,8 @@ fn summary(record: &Record) -> Value {
         "approved_by": record.approved_by,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
-        "expires_at": record.expires_at,
+        // Not a sentinel number: an unsettled record has no expiry yet (as API v1 says it).
+        "expires_at": (record.expires_at != NOT_SETTLED).then_some(record.expires_at),
     })
 }
 

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use idemgate_core::Fingerprint;
 use idemgate_core::json;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::ErrorCode;
-use idemgate_core::record::{Event, Record, RecordState, RecordStatus};
+use idemgate_core::outcome::{ErrorCode, Outcome, Repeatable};
+use idemgate_core::record::{Event, NOT_SETTLED, Record, RecordState, RecordStatus};
 use idemgate_core::store::Filter;
 use idemgate_engine::{Caller, Resolution, StatusRead};
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Principal, Role};
+use crate::console::view::rfc3339;
 use crate::headers::{self, StepKey};
 use crate::state::AppState;
 use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
@@ -59,6 +60,8 @@ pub struct EventView {
     pub kind: String,
     /// Milliseconds since the Unix epoch.
     pub at: i64,
+    /// The same instant in RFC 3339 (UTC).
+    pub at_rfc3339: String,
     pub attempt: u64,
     pub worker: String,
     pub detail: Option<String>,
@@ -79,10 +82,16 @@ pub struct OperationSummary {
     pub effect_reference: Option<String>,
     pub job_id: Option<String>,
     pub approved_by: Option<String>,
-    /// Milliseconds since the Unix epoch.
+    /// Milliseconds since the Unix epoch, and the same instant in RFC 3339 (UTC).
     pub created_at: i64,
+    pub created_at_rfc3339: String,
     pub updated_at: i64,
-    pub expires_at: i64,
+    pub updated_at_rfc3339: String,
+    /// When the full record is compacted: set once the operation settles (its retention counts
+    /// from then), null while it may still have an effect (pending, awaiting approval,
+    /// unknown).
+    pub expires_at: Option<i64>,
+    pub expires_at_rfc3339: Option<String>,
 }
 
 /// An operation: the record, its receipt, the outcome a poll gives, and its events.
@@ -429,6 +438,8 @@ fn summary(record: &Record) -> OperationSummary {
         | RecordState::FailedPermanent(_)
         | RecordState::Tombstone(_) => None,
     };
+    // Not a sentinel number: an unsettled record has no expiry yet.
+    let expires = (record.expires_at != NOT_SETTLED).then_some(record.expires_at);
     OperationSummary {
         operation_key: record.key.to_string(),
         tool: record.tool.clone(),
@@ -440,8 +451,11 @@ fn summary(record: &Record) -> OperationSummary {
         job_id,
         approved_by: record.approved_by.clone(),
         created_at: record.created_at,
+        created_at_rfc3339: rfc3339(record.created_at),
         updated_at: record.updated_at,
-        expires_at: record.expires_at,
+        updated_at_rfc3339: rfc3339(record.updated_at),
+        expires_at: expires,
+        expires_at_rfc3339: expires.map(rfc3339),
     }
 }
 
@@ -449,6 +463,7 @@ fn event_view(e: Event) -> EventView {
     EventView {
         kind: e.kind.as_str().to_string(),
         at: e.at,
+        at_rfc3339: rfc3339(e.at),
         attempt: e.attempt,
         worker: e.worker,
         detail: e.detail,
@@ -492,15 +507,16 @@ fn tool_view(tool: &Tool) -> ToolView {
 /// The refusal for a tool that is not loaded: names it (bounded, printable) and points to the
 /// listing.
 fn unknown_tool(name: &str) -> ApiError {
+    ApiError::new(ErrorCode::UnknownTool, unknown_tool_message(name))
+}
+
+fn unknown_tool_message(name: &str) -> String {
     let shown: String = name
         .chars()
         .take(100)
         .map(|c| if c.is_control() { '?' } else { c })
         .collect();
-    ApiError::new(
-        ErrorCode::UnknownTool,
-        format!("no tool named {shown:?} is loaded; GET /v1/tools lists the loaded tools"),
-    )
+    format!("no tool named {shown:?} is loaded; GET /v1/tools lists the loaded tools")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -590,36 +606,87 @@ pub async fn invoke(
     body: Body,
 ) -> Result<Answer, ApiError> {
     let principal = authenticate(&state, &headers)?;
-    let Some(tool) = state.tools().get(&tool) else {
-        return Err(unknown_tool(&tool));
-    };
+    let caller = caller_of(&principal);
     let limits = state.inner().limits;
-    let header_key = headers::idempotency_key(&headers, limits.key_part_bytes)
-        .map_err(|m| ApiError::new(ErrorCode::InvalidOperationKey, m))?;
-    let bytes = read_body(&state, body).await?;
-    let envelope = parse_body(&state, &bytes)?;
-    let Value::Object(mut members) = envelope else {
-        return Err(invalid(
-            "the request body must be an object: {\"workflow_id\", \"step_id\", \"arguments\"}",
-        ));
+    // A header that is not a key names no operation: nothing can have run under it.
+    let header_key = headers::idempotency_key(&headers, limits.key_part_bytes).map_err(|m| {
+        ApiError::refused(&Outcome::refused(
+            Repeatable::unnamed(),
+            ErrorCode::InvalidOperationKey,
+            m,
+        ))
+    })?;
+    // From here on every refusal is the machine's answer for the operation the delivery named
+    // (`refusal`). Until the body is read, only the header may have named one.
+    let unread = || match &header_key {
+        Some(step) => Named::Step(Some(step.clone())),
+        None => Named::Unreadable,
     };
-    let step = step_of(&mut members, limits.key_part_bytes)?;
-    let arguments = members
-        .remove("arguments")
-        .ok_or_else(|| invalid("the request body needs `arguments`"))?;
+    let Some(tool) = state.tools().get(&tool) else {
+        let message = unknown_tool_message(&tool);
+        return Err(refusal(&state, &caller, unread(), ErrorCode::UnknownTool, message).await);
+    };
+    let bytes = match axum::body::to_bytes(body, limits.body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            let message = format!(
+                "the request body is larger than {} bytes",
+                limits.body_bytes
+            );
+            let refused = refusal(
+                &state,
+                &caller,
+                unread(),
+                ErrorCode::InvalidArguments,
+                message,
+            );
+            return Err(refused.await.with_status(StatusCode::PAYLOAD_TOO_LARGE));
+        }
+    };
+    let envelope = match json::parse_with_depth(&bytes, limits.json_depth) {
+        Ok(envelope) => envelope,
+        Err(e) => {
+            let code = ErrorCode::InvalidArguments;
+            return Err(refusal(&state, &caller, unread(), code, e.message).await);
+        }
+    };
+    // The body is read: what it names, with the header's, is all the delivery named.
+    let Value::Object(mut members) = envelope else {
+        let message =
+            "the request body must be an object: {\"workflow_id\", \"step_id\", \"arguments\"}";
+        let named = Named::of(None, header_key.as_ref());
+        let code = ErrorCode::InvalidArguments;
+        return Err(refusal(&state, &caller, named, code, message.into()).await);
+    };
+    let step = match step_of(&mut members, limits.key_part_bytes) {
+        Ok(step) => step,
+        Err(message) => {
+            let named = Named::of(None, header_key.as_ref());
+            let code = ErrorCode::InvalidOperationKey;
+            return Err(refusal(&state, &caller, named, code, message).await);
+        }
+    };
+    let named = || Named::of(step.as_ref(), header_key.as_ref());
+    let Some(arguments) = members.remove("arguments") else {
+        let message = "the request body needs `arguments`".to_string();
+        let code = ErrorCode::InvalidArguments;
+        return Err(refusal(&state, &caller, named(), code, message).await);
+    };
     if let Some(name) = members.keys().next() {
         let shown: String = name.chars().take(64).collect();
-        return Err(invalid(format!(
+        let message = format!(
             "the request body has an unknown member `{}`; it takes workflow_id, step_id and arguments",
             shown.escape_default()
-        )));
+        );
+        let code = ErrorCode::InvalidArguments;
+        return Err(refusal(&state, &caller, named(), code, message).await);
     }
     let step = match (step, header_key) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidOperationKey,
-                "name the operation once: the Idempotency-Key header or the body's workflow_id and step_id",
-            ));
+        (Some(body), Some(header)) => {
+            let message = "name the operation once: the Idempotency-Key header or the body's workflow_id and step_id";
+            let named = Named::of(Some(&body), Some(&header));
+            let code = ErrorCode::InvalidOperationKey;
+            return Err(refusal(&state, &caller, named, code, message.into()).await);
         }
         (Some(s), None) | (None, Some(s)) => Some(s),
         (None, None) => None,
@@ -634,7 +701,7 @@ pub async fn invoke(
     let outcome = state
         .app()
         .invoke_waiting(
-            caller_of(&principal),
+            caller,
             &tool.contract.name,
             workflow_id,
             step_id,
@@ -645,17 +712,64 @@ pub async fn invoke(
     Ok(Answer(outcome))
 }
 
-/// `workflow_id` and `step_id` from the body: both or neither, strings, bounded.
-fn step_of(members: &mut Map<String, Value>, max: usize) -> Result<Option<StepKey>, ApiError> {
-    let bad_key = |m: String| ApiError::new(ErrorCode::InvalidOperationKey, m);
-    let mut part = |name: &str| -> Result<Option<String>, ApiError> {
+/// What a delivery named as its operation, as far as it was read.
+enum Named {
+    /// The operation it named, or (`None`) that it readably named none.
+    Step(Option<StepKey>),
+    /// Not read far enough to know (a body too large or not JSON), or two different operations
+    /// named at once: nothing can be proved about any key.
+    Unreadable,
+}
+
+impl Named {
+    /// What a read body (`body`) and the header (`header`) named together.
+    fn of(body: Option<&StepKey>, header: Option<&StepKey>) -> Named {
+        match (body, header) {
+            (Some(body), Some(header)) if body != header => Named::Unreadable,
+            (Some(step), _) | (None, Some(step)) => Named::Step(Some(step.clone())),
+            (None, None) => Named::Step(None),
+        }
+    }
+}
+
+/// A refusal of a delivery before the executor ran it, as the machine answers it for what the
+/// delivery named (`App::refuse`: the key is read, and `safe_to_repeat` holds only if it
+/// provably had no effect), or, for a delivery not read far enough to know, a refusal that
+/// claims nothing (`safe_to_repeat: false`).
+async fn refusal(
+    state: &AppState,
+    caller: &Caller,
+    named: Named,
+    code: ErrorCode,
+    message: String,
+) -> ApiError {
+    let outcome = match named {
+        Named::Step(step) => {
+            let (workflow_id, step_id) = match step {
+                Some(s) => (Some(s.workflow_id), Some(s.step_id)),
+                None => (None, None),
+            };
+            state
+                .app()
+                .refuse(caller.clone(), workflow_id, step_id, code, message)
+                .await
+        }
+        Named::Unreadable => Outcome::rejected(None, code, message),
+    };
+    ApiError::refused(&outcome)
+}
+
+/// `workflow_id` and `step_id` from the body: both or neither, strings, bounded. An error is
+/// the refusal's message (an invalid operation key).
+fn step_of(members: &mut Map<String, Value>, max: usize) -> Result<Option<StepKey>, String> {
+    let mut part = |name: &str| -> Result<Option<String>, String> {
         match members.remove(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => {
-                headers::check_part(name, &s, max).map_err(bad_key)?;
+                headers::check_part(name, &s, max)?;
                 Ok(Some(s))
             }
-            Some(_) => Err(bad_key(format!("{name} must be a string"))),
+            Some(_) => Err(format!("{name} must be a string")),
         }
     };
     let workflow_id = part("workflow_id")?;
@@ -666,9 +780,7 @@ fn step_of(members: &mut Map<String, Value>, max: usize) -> Result<Option<StepKe
             step_id,
         })),
         (None, None) => Ok(None),
-        _ => Err(bad_key(
-            "name both workflow_id and step_id, or neither".into(),
-        )),
+        _ => Err("name both workflow_id and step_id, or neither".into()),
     }
 }
 

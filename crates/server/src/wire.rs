@@ -152,7 +152,7 @@ impl From<&Outcome> for OutcomeView {
             status: label,
             operation_key: o.operation_key.as_ref().map(|k| k.to_string()),
             effect_reference: o.effect_reference.clone(),
-            safe_to_repeat: o.safe_to_repeat,
+            safe_to_repeat: o.safe_to_repeat(),
             next_action: match o.next_action {
                 NextAction::None => NextActionView::None,
                 NextAction::Poll => NextActionView::Poll,

@@ -192,48 +192,55 @@ async fn reconcile_not_applied_lets_the_key_run_again() {
 async fn hostile_input_leaves_no_record_and_no_downstream_call() {
     let e = env();
     let deep = format!("{}1{}", "[".repeat(40), "]".repeat(40));
-    let cases: Vec<(&str, Call<'static>, u16, &str)> = vec![
-        ("no token", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous(), 401, "unauthorized"),
-        ("bad token", invoke("tickets.create", "nope", ticket("h", "1", "s")), 401, "unauthorized"),
-        ("basic scheme", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous().header("authorization", "Basic YTpi"), 401, "unauthorized"),
-        ("unknown tool", invoke("tickets.delete", AGENT, ticket("h", "1", "s")), 404, "unknown_tool"),
-        ("body too large", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{{"subject":"s","body":"{}"}}}}"#, "x".repeat(300_000))), 413, "invalid_arguments"),
-        ("too deep", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{deep}}}"#)), 400, "invalid_arguments"),
-        ("duplicate member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","subject":"b","body":"x"}}"#), 400, "invalid_arguments"),
-        ("duplicate envelope member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","workflow_id":"g","step_id":"1","arguments":{}}"#), 400, "invalid_arguments"),
-        ("number beyond 2^53", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9007199254740993}}"#), 400, "invalid_arguments"),
-        ("number beyond 2^53 in exponent form", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9.007199254740993e15}}"#), 400, "invalid_arguments"),
-        ("not UTF-8", Call::post("/v1/tools/tickets.create/invoke", AGENT, b"{\"workflow_id\":\"h\",\"step_id\":\"1\",\"arguments\":{\"subject\":\"\xff\",\"body\":\"x\"}}".to_vec()), 400, "invalid_arguments"),
-        ("not JSON", Call::post("/v1/tools/tickets.create/invoke", AGENT, "subject=a"), 400, "invalid_arguments"),
-        ("empty body", Call::post("/v1/tools/tickets.create/invoke", AGENT, ""), 400, "invalid_arguments"),
-        ("not an object", Call::post("/v1/tools/tickets.create/invoke", AGENT, "[1]"), 400, "invalid_arguments"),
-        ("no arguments", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1"}"#), 400, "invalid_arguments"),
-        ("unknown member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x"},"tenant":"globex"}"#), 400, "invalid_arguments"),
-        ("schema violation", invoke("tickets.create", AGENT, json!({"workflow_id":"h","step_id":"1","arguments":{"subject":""}})), 400, "invalid_arguments"),
-        ("no key for a keyed tool", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})), 400, "missing_operation_key"),
-        ("step without workflow", invoke("tickets.create", AGENT, json!({"step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key"),
-        ("colon in a part", invoke("tickets.create", AGENT, ticket("a:b", "1", "s")), 400, "invalid_operation_key"),
-        ("space in a part", invoke("tickets.create", AGENT, ticket("a b", "1", "s")), 400, "invalid_operation_key"),
-        ("over-long part", invoke("tickets.create", AGENT, ticket(&"w".repeat(129), "1", "s")), 400, "invalid_operation_key"),
-        ("numeric workflow", invoke("tickets.create", AGENT, json!({"workflow_id": 7, "step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key"),
-        ("empty header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", ""), 400, "invalid_operation_key"),
-        ("malformed header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "\"open"), 400, "invalid_operation_key"),
-        ("spaced header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "a b"), 400, "invalid_operation_key"),
-        ("over-long header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", format!("\"{}\"", "k".repeat(400))), 400, "invalid_operation_key"),
-        ("header and body key", invoke("tickets.create", AGENT, ticket("h", "1", "s")).header("idempotency-key", "\"h:1\""), 400, "invalid_operation_key"),
-        ("key in the path of another tenant", Call::get("/v1/operations/globex:test:h:1", AGENT), 404, "not_found"),
-        ("malformed key in the path", Call::get("/v1/operations/not-a-key", AGENT), 404, "not_found"),
-        ("unknown route", Call::get("/v2/anything", AGENT), 404, "not_found"),
-        ("list with a bad status", Call::get("/v1/operations?status=done", OPERATOR), 400, "invalid_arguments"),
-        ("list with a bad limit", Call::get("/v1/operations?limit=0", OPERATOR), 400, "invalid_arguments"),
-        ("list with a non-numeric limit", Call::get("/v1/operations?limit=many", OPERATOR), 400, "invalid_arguments"),
-        ("reconcile with an unknown resolution", Call::post("/v1/operations/acme:test:h:1/reconcile", OPERATOR, r#"{"resolution":"maybe"}"#), 400, "invalid_arguments"),
-        ("approve with a bad fingerprint", Call::post("/v1/operations/acme:test:h:1/approve", OPERATOR, r#"{"fingerprint":"md5:x"}"#), 400, "invalid_arguments"),
+    // The last column: whether the refusal may say `safe_to_repeat`. Only where the delivery
+    // was read far enough to know the operation it named (none, or a key without a record) does
+    // the machine prove it; a refusal of an unread body, a credential or a read claims nothing.
+    let cases: Vec<(&str, Call<'static>, u16, &str, bool)> = vec![
+        ("no token", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous(), 401, "unauthorized", false),
+        ("bad token", invoke("tickets.create", "nope", ticket("h", "1", "s")), 401, "unauthorized", false),
+        ("basic scheme", invoke("tickets.create", AGENT, ticket("h", "1", "s")).anonymous().header("authorization", "Basic YTpi"), 401, "unauthorized", false),
+        ("unknown tool", invoke("tickets.delete", AGENT, ticket("h", "1", "s")), 404, "unknown_tool", false),
+        ("body too large", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{{"subject":"s","body":"{}"}}}}"#, "x".repeat(300_000))), 413, "invalid_arguments", false),
+        ("too deep", Call::post("/v1/tools/tickets.create/invoke", AGENT, format!(r#"{{"workflow_id":"h","step_id":"1","arguments":{deep}}}"#)), 400, "invalid_arguments", false),
+        ("duplicate member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","subject":"b","body":"x"}}"#), 400, "invalid_arguments", false),
+        ("duplicate envelope member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","workflow_id":"g","step_id":"1","arguments":{}}"#), 400, "invalid_arguments", false),
+        ("number beyond 2^53", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9007199254740993}}"#), 400, "invalid_arguments", false),
+        ("number beyond 2^53 in exponent form", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x","n":9.007199254740993e15}}"#), 400, "invalid_arguments", false),
+        ("not UTF-8", Call::post("/v1/tools/tickets.create/invoke", AGENT, b"{\"workflow_id\":\"h\",\"step_id\":\"1\",\"arguments\":{\"subject\":\"\xff\",\"body\":\"x\"}}".to_vec()), 400, "invalid_arguments", false),
+        ("not JSON", Call::post("/v1/tools/tickets.create/invoke", AGENT, "subject=a"), 400, "invalid_arguments", false),
+        ("empty body", Call::post("/v1/tools/tickets.create/invoke", AGENT, ""), 400, "invalid_arguments", false),
+        ("not an object", Call::post("/v1/tools/tickets.create/invoke", AGENT, "[1]"), 400, "invalid_arguments", true),
+        ("no arguments", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1"}"#), 400, "invalid_arguments", true),
+        ("unknown member", Call::post("/v1/tools/tickets.create/invoke", AGENT, r#"{"workflow_id":"h","step_id":"1","arguments":{"subject":"a","body":"x"},"tenant":"globex"}"#), 400, "invalid_arguments", true),
+        ("schema violation", invoke("tickets.create", AGENT, json!({"workflow_id":"h","step_id":"1","arguments":{"subject":""}})), 400, "invalid_arguments", true),
+        ("no key for a keyed tool", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})), 400, "missing_operation_key", true),
+        ("step without workflow", invoke("tickets.create", AGENT, json!({"step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key", true),
+        ("colon in a part", invoke("tickets.create", AGENT, ticket("a:b", "1", "s")), 400, "invalid_operation_key", true),
+        ("space in a part", invoke("tickets.create", AGENT, ticket("a b", "1", "s")), 400, "invalid_operation_key", true),
+        ("over-long part", invoke("tickets.create", AGENT, ticket(&"w".repeat(129), "1", "s")), 400, "invalid_operation_key", true),
+        ("numeric workflow", invoke("tickets.create", AGENT, json!({"workflow_id": 7, "step_id":"1","arguments":{"subject":"a","body":"x"}})), 400, "invalid_operation_key", true),
+        ("empty header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", ""), 400, "invalid_operation_key", true),
+        ("malformed header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "\"open"), 400, "invalid_operation_key", true),
+        ("spaced header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", "a b"), 400, "invalid_operation_key", true),
+        ("over-long header", invoke("tickets.create", AGENT, json!({"arguments":{"subject":"a","body":"x"}})).header("idempotency-key", format!("\"{}\"", "k".repeat(400))), 400, "invalid_operation_key", true),
+        ("header and body key", invoke("tickets.create", AGENT, ticket("h", "1", "s")).header("idempotency-key", "\"h:1\""), 400, "invalid_operation_key", true),
+        ("key in the path of another tenant", Call::get("/v1/operations/globex:test:h:1", AGENT), 404, "not_found", false),
+        ("malformed key in the path", Call::get("/v1/operations/not-a-key", AGENT), 404, "not_found", false),
+        ("unknown route", Call::get("/v2/anything", AGENT), 404, "not_found", false),
+        ("list with a bad status", Call::get("/v1/operations?status=done", OPERATOR), 400, "invalid_arguments", false),
+        ("list with a bad limit", Call::get("/v1/operations?limit=0", OPERATOR), 400, "invalid_arguments", false),
+        ("list with a non-numeric limit", Call::get("/v1/operations?limit=many", OPERATOR), 400, "invalid_arguments", false),
+        ("reconcile with an unknown resolution", Call::post("/v1/operations/acme:test:h:1/reconcile", OPERATOR, r#"{"resolution":"maybe"}"#), 400, "invalid_arguments", false),
+        ("approve with a bad fingerprint", Call::post("/v1/operations/acme:test:h:1/approve", OPERATOR, r#"{"fingerprint":"md5:x"}"#), 400, "invalid_arguments", false),
     ];
-    for (name, call, status, code) in cases {
+    for (name, call, status, code, safe) in cases {
         let reply = route(&e.app, call).await;
         assert_eq!(reply.status, status, "{name}: {}", reply.text);
-        reply.assert_problem(status, code);
+        if safe {
+            reply.assert_problem_safe(status, code);
+        } else {
+            reply.assert_problem_after_effect(status, code);
+        }
         if status == 401 {
             assert_eq!(reply.header("www-authenticate"), Some("Bearer"), "{name}");
         }
@@ -245,6 +252,93 @@ async fn hostile_input_leaves_no_record_and_no_downstream_call() {
         "hostile input reached a downstream"
     );
     assert_eq!(e.fakes.total_effects(), 0);
+}
+
+/// Once a delivery names its operation, a refusal before the executor (a body too large, one
+/// that is not an object, an unknown member, a tool that is not loaded) is the machine's
+/// answer for that key: `safe_to_repeat` for a key without a record, never for one whose
+/// effect happened. A body that could not be read names nothing, and claims nothing.
+#[tokio::test]
+async fn refusals_of_a_named_operation_are_the_machines_answer_for_its_key() {
+    let e = env();
+    let tickets = e.fakes.fake("tickets.create");
+    let done = route(
+        &e.app,
+        invoke("tickets.create", AGENT, ticket("run_r", "done", "Refund")),
+    )
+    .await;
+    assert_eq!(done.outcome(), "applied", "{}", done.text);
+    let big = format!(
+        r#"{{"arguments":{{"subject":"s","body":"{}"}}}}"#,
+        "x".repeat(300_000)
+    );
+    let post = |header: &str, body: &str| {
+        Call::post("/v1/tools/tickets.create/invoke", AGENT, body.to_string())
+            .header("idempotency-key", header.to_string())
+    };
+    // The key whose effect happened: every refusal says it is not safe to repeat, and names it.
+    let after_effect = [
+        ("too large", post("\"run_r:done\"", &big), 413),
+        ("not an object", post("\"run_r:done\"", "[1]"), 400),
+        ("not JSON", post("\"run_r:done\"", "subject=a"), 400),
+        ("no arguments", post("\"run_r:done\"", "{}"), 400),
+        (
+            "unknown member",
+            invoke(
+                "tickets.create",
+                AGENT,
+                json!({"workflow_id": "run_r", "step_id": "done", "arguments": {}, "x": 1}),
+            ),
+            400,
+        ),
+        (
+            "unknown tool",
+            Call::post("/v1/tools/tickets.delete/invoke", AGENT, "{}")
+                .header("idempotency-key", "\"run_r:done\""),
+            404,
+        ),
+    ];
+    for (name, call, status) in after_effect {
+        let reply = route(&e.app, call).await;
+        assert_eq!(reply.status, status, "{name}: {}", reply.text);
+        assert_eq!(
+            reply.json["safe_to_repeat"], false,
+            "{name}: {}",
+            reply.text
+        );
+        assert_eq!(
+            reply.json["operation_key"], "acme:test:run_r:done",
+            "{name}: {}",
+            reply.text
+        );
+    }
+    // A key without a record: the same refusals are safe to repeat, and write nothing.
+    let fresh = [
+        ("too large", post("\"run_r:fresh\"", &big), 413),
+        ("not an object", post("\"run_r:fresh\"", "[1]"), 400),
+        (
+            "unknown tool",
+            Call::post("/v1/tools/tickets.delete/invoke", AGENT, "{}")
+                .header("idempotency-key", "\"run_r:fresh\""),
+            404,
+        ),
+    ];
+    for (name, call, status) in fresh {
+        let reply = route(&e.app, call).await;
+        assert_eq!(reply.status, status, "{name}: {}", reply.text);
+        assert_eq!(reply.json["safe_to_repeat"], true, "{name}: {}", reply.text);
+    }
+    assert!(e.store.get(&key("run_r", "fresh")).await.unwrap().is_none());
+    // Unreadable, with no header: nothing is known of the operation, nothing is claimed.
+    let unread = Call::post("/v1/tools/tickets.create/invoke", AGENT, big.clone());
+    let reply = route(&e.app, unread).await;
+    assert_eq!(reply.status, 413, "{}", reply.text);
+    assert_eq!(reply.json["safe_to_repeat"], false, "{}", reply.text);
+    assert_eq!(
+        tickets.effects(),
+        1,
+        "one effect, whatever the refusals said"
+    );
 }
 
 #[tokio::test]
@@ -437,9 +531,9 @@ async fn approval_holds_the_effect_until_an_operator_approves() {
         ),
     )
     .await;
-    denied.assert_problem(403, "approval_denied");
+    denied.assert_problem_safe(403, "approval_denied");
     let replay = route(&e.app, invoke("tickets.create", AGENT, other)).await;
-    replay.assert_problem(403, "approval_denied");
+    replay.assert_problem_safe(403, "approval_denied");
     assert_eq!(tickets.effects(), 1);
 }
 
@@ -466,7 +560,7 @@ async fn revoked_authorization_refuses_the_retry() {
         invoke("tickets.create", AGENT, ticket("run_8", "s", "a")),
     )
     .await;
-    fresh.assert_problem(403, "forbidden");
+    fresh.assert_problem_safe(403, "forbidden");
     e.fakes
         .hook
         .set(Authorization::Unavailable("hook down".into()));

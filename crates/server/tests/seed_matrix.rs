@@ -422,7 +422,7 @@ async fn a_not_processed_answer_releases_the_claim_and_the_retry_applies() {
         invoke("tickets.create", AGENT, ticket("run_1", "a")),
     )
     .await;
-    busy.assert_problem(503, "downstream_unavailable");
+    busy.assert_problem_safe(503, "downstream_unavailable");
     assert_eq!(busy.json["operation_key"], "acme:test:run_1:s");
     assert_eq!(retry_after(&busy), 7, "the fake's advice: {}", busy.text);
     assert_eq!(busy.json["retry_after_seconds"], retry_after(&busy));
@@ -483,7 +483,7 @@ async fn a_refused_connection_releases_the_claim_and_the_retry_applies() {
         invoke("tickets.create", AGENT, ticket("run_1", "a")),
     )
     .await;
-    refused.assert_problem(503, "downstream_unavailable");
+    refused.assert_problem_safe(503, "downstream_unavailable");
     assert!(retry_after(&refused) >= 1);
 
     let downstream = FakeDownstream::new()

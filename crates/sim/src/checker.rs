@@ -173,7 +173,7 @@ fn describe(a: &Answer) -> String {
         a.step,
         o.status.as_str(),
         o.effect_reference,
-        o.safe_to_repeat,
+        o.safe_to_repeat(),
         o.error_code().map_or("-", |c| c.as_str())
     )
 }
@@ -246,7 +246,7 @@ fn label(h: &History, a: &Answer) -> Result<(), Violation> {
 /// of the key counts from the answer itself.
 fn safe_to_repeat(h: &History, a: &Answer) -> Result<(), Violation> {
     let o = &a.outcome;
-    if o.status != Status::Rejected || !o.safe_to_repeat {
+    if o.status != Status::Rejected || !o.safe_to_repeat() {
         return Ok(());
     }
     // An answer given before any key was derived (invalid arguments) speaks of no key.
@@ -713,25 +713,15 @@ mod tests {
                 SAFE_TO_REPEAT,
                 Box::new(|h| {
                     let seq = h.next_seq();
-                    h.answers.push(answer(
-                        seq,
-                        4,
-                        2,
-                        Outcome::rejected(Some(key("s1")), ErrorCode::Forbidden, "x"),
-                    ));
+                    h.answers.push(answer(seq, 4, 2, forged_safe_refusal()));
                 }),
             ),
-            // A rejection before the send started is honest.
+            // A safe rejection before the send started is honest.
             (
                 "none",
                 Box::new(|h| {
                     let seq = h.next_seq();
-                    h.answers.push(answer(
-                        seq,
-                        1,
-                        2,
-                        Outcome::rejected(Some(key("s1")), ErrorCode::Forbidden, "x"),
-                    ));
+                    h.answers.push(answer(seq, 1, 2, forged_safe_refusal()));
                 }),
             ),
             (
@@ -798,6 +788,15 @@ mod tests {
             mutate(&mut h);
             assert_eq!(broken(&h), *expect, "case {i}");
         }
+    }
+
+    /// A rejection of `s1` that says `safe_to_repeat`, made without the machine's proof (the
+    /// product cannot make one by hand; a history under test can be anything).
+    fn forged_safe_refusal() -> Outcome {
+        let refusal = Outcome::rejected(Some(key("s1")), ErrorCode::Forbidden, "x");
+        let mut shape = serde_json::to_value(refusal).unwrap();
+        shape["safe_to_repeat"] = json!(true);
+        serde_json::from_value(shape).unwrap()
     }
 
     #[test]

@@ -751,7 +751,7 @@ fn answered(sim: &Sim, call: Call, key: Option<OperationKey>, outcome: Outcome) 
             outcome
                 .error_code()
                 .map_or(String::new(), |c| format!(" ({})", c.as_str())),
-            outcome.safe_to_repeat
+            outcome.safe_to_repeat()
         )
     });
     s.history.answers.push(Answer {

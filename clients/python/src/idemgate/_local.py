@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import datetime
 import functools
 import inspect
 import logging
@@ -131,11 +132,28 @@ def _not_found(key: str) -> NotFoundError:
     return NotFoundError(f"no operation {key} for this Local's tenant and environment", outcome)
 
 
+def _rfc3339(millis: Optional[int]) -> Optional[str]:
+    if millis is None:
+        return None
+    at = datetime.datetime.fromtimestamp(millis / 1000, tz=datetime.timezone.utc)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+
+
+def _with_times(body: dict[str, Any]) -> dict[str, Any]:
+    """A record's members with the times beside their milliseconds in RFC 3339, as API v1
+    writes them (`created_at_rfc3339`, …; an event's `at_rfc3339`)."""
+    for name in ("created_at", "updated_at", "expires_at"):
+        body[f"{name}_rfc3339"] = _rfc3339(body.get(name))
+    for event in body.get("events") or []:
+        event["at_rfc3339"] = _rfc3339(event.get("at"))
+    return body
+
+
 def _operation(answer: Any, key: str) -> Operation:
     if answer is None:
         raise _not_found(key)
     if answer[0] == "found":
-        body = dict(answer[1])
+        body = _with_times(dict(answer[1]))
         outcome = _outcome(answer[2])
         body["outcome"] = dict(outcome.raw)
         return Operation.from_json(body, 0)
@@ -147,7 +165,7 @@ def _operation(answer: Any, key: str) -> Operation:
 def _page(answer: Mapping[str, Any]) -> OperationPage:
     after = answer.get("next_after")
     return OperationPage(
-        tuple(OperationRecord.from_json(e) for e in answer["operations"]),
+        tuple(OperationRecord.from_json(_with_times(e)) for e in answer["operations"]),
         after if isinstance(after, str) else None,
     )
 

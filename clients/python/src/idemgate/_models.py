@@ -19,6 +19,10 @@ def _need(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
     return value
 
 
+def _optional_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class ToolInfo:
     """One loaded tool as `GET /v1/tools` describes it. `description` is written for a model."""
@@ -92,7 +96,8 @@ class OperationRecord:
     approved_by: Optional[str]
     created_at: int
     updated_at: int
-    expires_at: int
+    # None while the operation has not settled: its retention counts from settlement.
+    expires_at: Optional[int]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -112,7 +117,7 @@ class OperationRecord:
             approved_by=body.get("approved_by"),
             created_at=int(body.get("created_at", 0)),
             updated_at=int(body.get("updated_at", 0)),
-            expires_at=int(body.get("expires_at", 0)),
+            expires_at=_optional_int(body.get("expires_at")),
             raw=body,
         )
 

@@ -287,6 +287,25 @@ async def test_without_meta_the_session_window_names_the_operation(world: World)
     assert len(world.effects("create")) == 2
 
 
+async def test_a_restarted_wrap_replays_the_same_call_without_meta(world: World):
+    """A host that restarts `idemgate wrap` (a new process, a new child, one store) and re-sends
+    a call whose answer it lost reaches the same operation: over stdio the derived key has no
+    per-connection part. Effects are counted by the child on its own side."""
+    async with world.connect() as client:
+        first = await client.call_tool("create_ticket", {"subject": "restart"})
+        assert first.structured_content["status"] == "applied", first.structured_content
+    async with world.connect() as client:
+        again = await client.call_tool("create_ticket", {"subject": "restart"})
+        assert again.structured_content["status"] == "replayed", again.structured_content
+        assert again.structured_content["operation_key"] == first.structured_content["operation_key"]
+    assert len(world.effects("create")) == 1
+    # Another actor on the same store is another principal: its call is its own operation.
+    async with world.connect("--actor", "someone-else") as client:
+        other = await client.call_tool("create_ticket", {"subject": "restart"})
+        assert other.structured_content["status"] == "applied", other.structured_content
+    assert len(world.effects("create")) == 2
+
+
 async def test_a_key_based_call_without_identity_sends_nothing(world: World):
     # Under `--identity meta`, a key-based call without _meta is refused before any record.
     async with world.connect("--identity", "meta") as client:

@@ -10,7 +10,7 @@ use idemgate_core::contract::Contract;
 use idemgate_core::effect::{AuthRequest, AuthStage, Authorization};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::{ErrorCode, Outcome};
+use idemgate_core::outcome::{ErrorCode, Outcome, Repeatable};
 use idemgate_core::record::Record;
 
 use tracing::Instrument;
@@ -53,20 +53,20 @@ impl Refused {
         }
     }
 
-    fn code(&self) -> ErrorCode {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
             Refused::Denied(_) => ErrorCode::Forbidden,
             Refused::Unavailable(_) => ErrorCode::AuthorizationUnavailable,
         }
     }
 
-    /// The answer to a delivery refused by the hook. `effect_possible` is whether the key may
-    /// already have had an effect (a replay refused), which makes it unsafe to repeat.
-    pub(crate) fn outcome(&self, key: Option<OperationKey>, effect_possible: bool) -> Outcome {
-        if effect_possible {
-            Outcome::rejected_after_effect(key, self.code(), self.reason())
-        } else {
-            Outcome::rejected(key, self.code(), self.reason())
+    /// The answer to a delivery refused by the hook: `safe_to_repeat` only with the machine's
+    /// proof that the key had no effect (`machine::repeatable` of what was read), never for a
+    /// key that may already have had one (a replay refused).
+    pub(crate) fn outcome(&self, key: Option<OperationKey>, proof: Option<Repeatable>) -> Outcome {
+        match proof {
+            Some(proof) => Outcome::refused(proof, self.code(), self.reason()),
+            None => Outcome::rejected(key, self.code(), self.reason()),
         }
     }
 }

@@ -8,7 +8,7 @@ use idemgate_core::effect::{AuthStage, Downstream, EffectRequest};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::machine::{self, AfterEffect, Branch, Prior};
-use idemgate_core::outcome::{ErrorCode, NextAction, Outcome};
+use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Repeatable};
 use idemgate_core::record::Record;
 use idemgate_core::store::Claimed;
 use idemgate_core::transitions::{self, Hold};
@@ -19,14 +19,14 @@ use super::perform::Claim;
 use super::{Executor, Operation, store_down};
 
 /// Why a delivery's operation key could not be derived.
-enum KeyProblem {
+pub(crate) enum KeyProblem {
     /// One of workflow_id and step_id is absent.
     Missing(&'static str),
     Invalid(idemgate_core::key::Error),
 }
 
 impl Operation {
-    fn key(&self) -> Result<Option<OperationKey>, KeyProblem> {
+    pub(crate) fn key(&self) -> Result<Option<OperationKey>, KeyProblem> {
         match (&self.workflow_id, &self.step_id) {
             (None, None) => Ok(None),
             (Some(_), None) => Err(KeyProblem::Missing("step_id")),
@@ -82,9 +82,8 @@ impl Executor {
         // Bad input leaves no record: validation, key, fingerprint and the downstream's own
         // check of the arguments all come before any write.
         if let Err(e) = contract.validate(arguments) {
-            let key = operation.key().ok().flatten();
             let o = self
-                .refused_before_reading(key, ErrorCode::InvalidArguments, e.message)
+                .refuse(operation, ErrorCode::InvalidArguments, e.message)
                 .await;
             return self.observe(tool, None, o);
         }
@@ -94,8 +93,8 @@ impl Executor {
                 return self.observe(
                     tool,
                     None,
-                    Outcome::rejected(
-                        None,
+                    Outcome::refused(
+                        Repeatable::unnamed(),
                         ErrorCode::MissingOperationKey,
                         format!("the operation names no {part}; give both workflow_id and step_id"),
                     ),
@@ -105,7 +104,11 @@ impl Executor {
                 return self.observe(
                     tool,
                     None,
-                    Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string()),
+                    Outcome::refused(
+                        Repeatable::unnamed(),
+                        ErrorCode::InvalidOperationKey,
+                        e.to_string(),
+                    ),
                 );
             }
         };
@@ -113,29 +116,32 @@ impl Executor {
             Ok(fp) => fp,
             Err(e) => {
                 let o = self
-                    .refused_before_reading(key, ErrorCode::InvalidArguments, e.message)
+                    .refuse(operation, ErrorCode::InvalidArguments, e.message)
                     .await;
                 return self.observe(tool, None, o);
             }
         };
         if let Err(message) = effect.check(arguments) {
             let o = self
-                .refused_before_reading(key, ErrorCode::InvalidArguments, message)
+                .refuse(operation, ErrorCode::InvalidArguments, message)
                 .await;
             return self.observe(tool, Some(&fingerprint), o);
         }
         let outcome = match (contract.effect_class, key) {
-            (EffectClass::NonIdempotent, key) => Outcome::rejected(
-                key,
-                ErrorCode::EffectClassRefused,
-                "non_idempotent tools are not executed; redesign as a keyed command",
-            ),
+            (EffectClass::NonIdempotent, _) => {
+                self.refuse(
+                    operation,
+                    ErrorCode::EffectClassRefused,
+                    "non_idempotent tools are not executed; redesign as a keyed command",
+                )
+                .await
+            }
             (EffectClass::Read, _) | (EffectClass::NaturalIdempotent, None) => {
                 self.unkeyed(contract, operation, arguments, &fingerprint, effect)
                     .await
             }
-            (EffectClass::KeyBased | EffectClass::Irreversible, None) => Outcome::rejected(
-                None,
+            (EffectClass::KeyBased | EffectClass::Irreversible, None) => Outcome::refused(
+                Repeatable::unnamed(),
                 ErrorCode::MissingOperationKey,
                 format!(
                     "{tool} is {}: the calling application must name the workflow_id and step_id of this operation",
@@ -153,22 +159,28 @@ impl Executor {
         self.observe(tool, Some(&fingerprint), outcome)
     }
 
-    /// A delivery refused before its key's record was read (invalid arguments): whether the
-    /// refusal may say `safe_to_repeat` depends on what the key already holds, so it is read —
-    /// only on this path, and never written.
-    async fn refused_before_reading(
+    /// The machine's answer to a delivery refused before its key's record was read (invalid
+    /// arguments; or, from a face, a body too large or malformed once the key is known):
+    /// whether the refusal may say `safe_to_repeat` depends on what the key already holds, so
+    /// it is read — only on this path, and never written. A delivery that named no operation
+    /// (or no valid key) proves nothing happened under any key; a key that cannot be read proves
+    /// nothing at all.
+    pub async fn refuse(
         &self,
-        key: Option<OperationKey>,
+        operation: &Operation,
         code: ErrorCode,
-        message: String,
+        message: impl Into<String>,
     ) -> Outcome {
-        let Some(key) = key else {
-            return Outcome::rejected(None, code, message);
+        let key = match operation.key() {
+            Ok(Some(key)) => key,
+            Ok(None) | Err(_) => return Outcome::refused(Repeatable::unnamed(), code, message),
         };
         match self.store.get(&key).await {
-            Ok(None) => Outcome::rejected(Some(key), code, message),
-            Ok(Some(record)) => machine::rejected_for(&record, code, message),
-            Err(_) => Outcome::rejected_after_effect(Some(key), code, message),
+            Ok(read) => machine::rejected_after_read(&key, read.as_ref(), code, message),
+            Err(e) => {
+                tracing::warn!(operation_key = key.as_str(), error = %e, "refusal: the key could not be read");
+                Outcome::rejected(Some(key), code, message)
+            }
         }
     }
 
@@ -188,7 +200,8 @@ impl Executor {
             .await
         {
             Ok(proof) => proof,
-            Err(refused) => return refused.outcome(None, false),
+            // A key-less call: nothing was sent, under no key.
+            Err(refused) => return refused.outcome(None, Some(Repeatable::unnamed())),
         };
         // A key-less call is no retry of anything: it goes out under an idempotency key of its
         // own, never one derived from its content, so that a downstream deduplicating on keys
@@ -202,7 +215,11 @@ impl Executor {
         ) {
             Ok(key) => key,
             Err(e) => {
-                return Outcome::rejected(None, ErrorCode::InvalidOperationKey, e.to_string());
+                return Outcome::refused(
+                    Repeatable::unnamed(),
+                    ErrorCode::InvalidOperationKey,
+                    e.to_string(),
+                );
             }
         };
         let request = EffectRequest {
@@ -213,11 +230,11 @@ impl Executor {
             attempt: 1,
             precondition: contract.precondition(arguments),
         };
-        let repeatable = |mut o: Outcome| {
-            o.safe_to_repeat = true;
-            o.operation_key = None;
-            o
-        };
+        // Repeating a key-less read or absolute update is harmless by the contract's own
+        // declaration (this path is only taken for those classes).
+        let harmless =
+            || Repeatable::harmless(contract.effect_class).unwrap_or_else(Repeatable::unnamed);
+        let repeatable = |o: Outcome| o.repeatable(harmless());
         let answer = self.send_unkeyed(proof, request, effect).await;
         match machine::after_effect(contract, answer, Prior::Clean) {
             AfterEffect::Apply(r) => repeatable(Outcome::applied(once, r.reference, r.result)),
@@ -225,8 +242,10 @@ impl Executor {
                 Outcome::in_flight(once, NextAction::Poll, machine::JOB_POLL_SECONDS)
                     .with_reference(Some(job_id)),
             ),
-            AfterEffect::Refuse(refusal) => Outcome::rejected(None, refusal.code, refusal.message),
-            AfterEffect::Release { code, reason, .. } => Outcome::rejected(None, code, reason),
+            AfterEffect::Refuse(refusal) => {
+                Outcome::refused(harmless(), refusal.code, refusal.message)
+            }
+            AfterEffect::Release { code, reason, .. } => Outcome::refused(harmless(), code, reason),
             AfterEffect::Ambiguous { reason, .. } | AfterEffect::Unproven(reason) => {
                 let mut o = repeatable(Outcome::unknown(once, reason));
                 o.next_action = NextAction::None;
@@ -275,7 +294,13 @@ impl Executor {
             .await
         {
             Ok(proof) => proof,
-            Err(refused) => return refused.outcome(Some(key), false),
+            // The read before the claim found no record, so nothing happened under the key
+            // (where the claim is the read, no hook is asked before it, so this is not reached).
+            Err(refused) => {
+                let proof =
+                    (!self.claim_is_read(contract)).then(|| machine::repeatable(&key, None));
+                return refused.outcome(Some(key), proof.flatten());
+            }
         };
         let hold = if contract.needs_approval(arguments) {
             Hold::ForApproval
@@ -376,7 +401,7 @@ impl Executor {
         );
         match self.store.claim(record, events).await {
             Err(e) => store_down(Some(key), &e),
-            Ok(Claimed::Inserted(_)) => Outcome::rejected_after_effect(
+            Ok(Claimed::Inserted(_)) => Outcome::rejected(
                 Some(key.clone()),
                 ErrorCode::PossibleDuplicateIntent,
                 format!(
@@ -435,7 +460,7 @@ impl Executor {
                     .await
                 {
                     Ok(()) => outcome,
-                    Err(refused) => refused.outcome(Some(record.key), true),
+                    Err(refused) => refused.outcome(Some(record.key), None),
                 }
             }
             Branch::Refuse(outcome) | Branch::Wait(outcome) | Branch::Unknown(outcome) => outcome,
@@ -452,7 +477,7 @@ impl Executor {
                     )
                     .await
                 {
-                    return refused.outcome(Some(record.key), true);
+                    return refused.outcome(Some(record.key), None);
                 }
                 self.poll_job(
                     contract,
@@ -476,8 +501,8 @@ impl Executor {
                     )
                     .await
                 {
-                    let possible = machine::may_have_effect(&record);
-                    return refused.outcome(Some(record.key), possible);
+                    let proof = machine::repeatable(&record.key, Some(&record));
+                    return refused.outcome(Some(record.key), proof);
                 }
                 self.recover(contract, record, Some(arguments), effect)
                     .await

@@ -12,33 +12,47 @@ use idemgate_core::contract::Contract;
 use idemgate_core::effect::Downstream;
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::{ErrorBody, ErrorCode, NextAction, Outcome, Status};
+use idemgate_core::machine;
+use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
 use serde_json::Value;
 use tracing::Instrument;
 
 use super::{ActionError, Executor, Operation};
 
-/// What a caller hears when the task running its delivery panicked: the effect may have
-/// happened, so never `safe_to_repeat`.
-fn lost(key: Option<OperationKey>) -> Outcome {
-    Outcome {
-        status: Status::Rejected,
-        operation_key: key,
-        effect_reference: None,
-        safe_to_repeat: false,
-        next_action: NextAction::InspectOperation,
-        retry_after_seconds: None,
-        result: None,
-        error: Some(ErrorBody {
-            code: ErrorCode::InternalError,
-            message:
-                "the execution failed inside the gateway; inspect the operation before repeating it"
-                    .into(),
-        }),
-    }
-}
-
 impl Executor {
+    /// What a caller hears when the task running its delivery or approval died (a panic): the
+    /// machine's answer for the key, read now. A key whose record may have had its effect — a
+    /// claim the task held may have been sent — is `unknown` (the recoverer takes the claim up
+    /// once its lease ends; an operator reconciles what stays unknown), never `rejected`; a key
+    /// the read proves untouched is a refusal that is safe to repeat.
+    async fn lost(&self, key: Option<OperationKey>) -> Outcome {
+        const FAILED: &str = "the execution failed inside idemgate";
+        let Some(key) = key else {
+            let mut o = Outcome::rejected(
+                None,
+                ErrorCode::InternalError,
+                format!("{FAILED}; inspect the effect before repeating it"),
+            );
+            o.next_action = NextAction::InspectOperation;
+            return o;
+        };
+        let maybe = format!(
+            "{FAILED} after the operation was claimed; its effect may have happened and cannot \
+             be proved yet"
+        );
+        match self.store.get(&key).await {
+            Ok(read) => match machine::repeatable(&key, read.as_ref()) {
+                Some(proof) => Outcome::refused(
+                    proof,
+                    ErrorCode::InternalError,
+                    format!("{FAILED}; nothing was sent under this operation"),
+                ),
+                None => Outcome::unknown(key, maybe),
+            },
+            Err(_) => Outcome::unknown(key, maybe),
+        }
+    }
+
     /// [`Executor::execute`] on a task of its own.
     pub async fn execute_detached(
         &self,
@@ -48,6 +62,7 @@ impl Executor {
         effect: Arc<dyn Downstream>,
     ) -> Outcome {
         let executor = self.clone();
+        let key = operation.key().ok().flatten();
         // The caller's span (the gateway's request) goes with the task, so its log lines
         // name the request. Boxed: the delivery's state machine is kilobytes, and a task holds
         // its future inline, so spawning it unboxed copied all of it several times per call
@@ -60,10 +75,13 @@ impl Executor {
             })
             .in_current_span(),
         );
-        task.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "a delivery's task failed");
-            lost(None)
-        })
+        match task.await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::error!(error = %e, "a delivery's task failed");
+                self.lost(key).await
+            }
+        }
     }
 
     /// Like [`Executor::execute_detached`], but while the answer is `in_flight` (and not
@@ -131,9 +149,12 @@ impl Executor {
             })
             .in_current_span(),
         );
-        task.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "an approval's task failed");
-            Ok(lost(Some(shown)))
-        })
+        match task.await {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::error!(error = %e, "an approval's task failed");
+                Ok(self.lost(Some(shown)).await)
+            }
+        }
     }
 }

@@ -70,7 +70,7 @@ impl Executor {
                 machine::status_outcome(Some(contract), &r, self.now())
             }
             Ok(Cas::Lost(None)) => {
-                Outcome::rejected_after_effect(Some(key), ErrorCode::NotFound, "no such operation")
+                Outcome::rejected(Some(key), ErrorCode::NotFound, "no such operation")
             }
             // The job's end is known but not recorded: the record is still pending with its job,
             // and the next poll records it.

@@ -204,7 +204,7 @@ impl Executor {
 /// that it had no effect.
 fn store_down(key: Option<OperationKey>, e: &store::Error) -> Outcome {
     tracing::warn!(error = %e, "store error");
-    let mut o = Outcome::rejected_after_effect(
+    let mut o = Outcome::rejected(
         key,
         ErrorCode::StoreUnavailable,
         "the operation store is unavailable; this delivery sent nothing; retry later under the same key",

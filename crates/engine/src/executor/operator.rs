@@ -142,9 +142,15 @@ impl Executor {
             Err(refused) => {
                 // Nothing was sent: the claim is released, and only a new delivery (authorized
                 // afresh) may run it again.
-                let answer = refused.outcome(Some(key.clone()), false);
-                self.release(contract, claim, &refused.reason(), None, answer)
-                    .await
+                self.release(
+                    contract,
+                    claim,
+                    refused.code(),
+                    &refused.reason(),
+                    None,
+                    None,
+                )
+                .await
             }
         };
         Ok(self.observe(&contract.name, Some(&record.fingerprint), outcome))
@@ -368,9 +374,9 @@ impl Executor {
                 )
                 .await
         {
-            let possible = machine::may_have_effect(&record);
+            let proof = machine::repeatable(key, Some(&record));
             return Ok(Some(StatusRead::Denied(
-                refused.outcome(Some(key.clone()), possible),
+                refused.outcome(Some(key.clone()), proof),
             )));
         }
         if let (

@@ -11,7 +11,7 @@ use idemgate_core::contract::Contract;
 use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, Lookup};
 use idemgate_core::key::OperationKey;
 use idemgate_core::machine::{self, AfterEffect, Prior};
-use idemgate_core::outcome::{NextAction, Outcome, Status};
+use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
 use idemgate_core::record::{Dispatch, Event, EventKind, Millis, Receipt, Record, RecordState};
 use idemgate_core::store::{self, Cas, Transition};
 use idemgate_core::transitions;
@@ -19,7 +19,7 @@ use idemgate_core::transitions;
 use tracing::Instrument;
 
 use super::authorize::{Authorized, Refused};
-use super::{Executor, store_down, unrecorded};
+use super::{Executor, unrecorded};
 
 /// The longest `Retry-After` a delivery waits out itself before a resend; a longer one is left
 /// to the recoverer, so that a caller is not held for minutes.
@@ -121,14 +121,16 @@ impl Executor {
                 }
                 Err(e) => {
                     // Nothing left this process: release the claim so a new delivery may run.
-                    let down = store_down(Some(key), &e);
+                    tracing::warn!(operation_key = key.as_str(), error = %e, "the dispatch marker could not be written");
                     return self
                         .release(
                             contract,
                             claim,
-                            "the dispatch marker could not be written",
+                            ErrorCode::StoreUnavailable,
+                            "the dispatch marker could not be written; nothing was sent; retry \
+                             later under the same key",
+                            Some(1),
                             None,
-                            down,
                         )
                         .await;
                 }
@@ -179,9 +181,7 @@ impl Executor {
                         // The refusal is certain for this attempt, not for the key: unwritten,
                         // the claim stays pending and recovery takes it after its lease, and a
                         // newer attempt may already hold it. Not safe to repeat.
-                        Err(_) => {
-                            Outcome::rejected_after_effect(Some(key), refusal.code, refusal.message)
-                        }
+                        Err(_) => Outcome::rejected(Some(key), refusal.code, refusal.message),
                     };
                 }
                 AfterEffect::Release {
@@ -189,11 +189,9 @@ impl Executor {
                     reason,
                     retry_after,
                 } => {
-                    let mut o = Outcome::rejected(Some(key), code, reason.clone());
-                    if let Some(s) = retry_after {
-                        o = o.with_retry_after(s);
-                    }
-                    return self.release(contract, claim, &reason, sent, o).await;
+                    return self
+                        .release(contract, claim, code, &reason, retry_after, sent)
+                        .await;
                 }
                 AfterEffect::Unproven(reason) => {
                     tracing::warn!(
@@ -565,29 +563,37 @@ impl Executor {
     /// pending under this attempt's lease (which expires, and recovery then sends it, by the
     /// marker, a lookup or a resend — never blindly) or under a newer attempt's that has sent
     /// already. Either way the key may yet have an effect: the caller polls it.
+    /// Hands a claim that provably sent nothing back (no owner; only a new delivery runs it
+    /// again), and answers the refusal `code` / `reason` from the record as written: safe to
+    /// repeat by the machine's proof, since a released claim had no effect.
     pub(crate) async fn release(
         &self,
         contract: &Contract,
         claim: Claim,
+        code: ErrorCode,
         reason: &str,
+        retry_after: Option<u64>,
         sent: Option<Event>,
-        answer: Outcome,
     ) -> Outcome {
         let record = claim.finish();
         let t = transitions::release(&record, contract, reason, sent, self.at());
         let written = self.finalise(t).await;
         match written {
-            Ok(Cas::Done(_)) => answer,
+            Ok(Cas::Done(released)) => {
+                let answer = machine::rejected_for(&released, code, reason);
+                match retry_after {
+                    Some(seconds) => answer.with_retry_after(seconds),
+                    None => answer,
+                }
+            }
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, record.key.clone(), now),
             Err(e) => {
                 tracing::warn!(operation_key = record.key.as_str(), error = %e, "release failed");
+                let wait = retry_after.unwrap_or(if code.retryable() { 1 } else { 0 });
                 Outcome::in_flight(
                     record.key.clone(),
                     NextAction::Poll,
-                    answer
-                        .retry_after_seconds
-                        .unwrap_or(0)
-                        .max(contract.lease.seconds()),
+                    wait.max(contract.lease.seconds()),
                 )
             }
         }
@@ -675,7 +681,7 @@ impl Executor {
                     Status::Applied | Status::Replayed | Status::Rejected | Status::Unknown => o,
                 }
             }
-            None => Outcome::rejected_after_effect(
+            None => Outcome::rejected(
                 Some(key),
                 idemgate_core::outcome::ErrorCode::Conflict,
                 "the operation record disappeared while this delivery ran",

@@ -110,9 +110,15 @@ impl Executor {
                 // Nothing was sent: hand the claim back. Only a new delivery, authorized
                 // afresh, runs it again.
                 Prior::Clean => {
-                    let answer = refused.outcome(Some(key), false);
-                    self.release(contract, claim, &refused.reason(), None, answer)
-                        .await
+                    self.release(
+                        contract,
+                        claim,
+                        refused.code(),
+                        &refused.reason(),
+                        None,
+                        None,
+                    )
+                    .await
                 }
                 // An earlier attempt may have committed, and no resend may go out for this
                 // actor: only an operator can settle it.
@@ -197,7 +203,7 @@ impl Executor {
             }
             Ok(Cas::Lost(now)) => self.settled_elsewhere(contract, key, now),
             // Unwritten, the record may still await approval, and an approval would send it.
-            Err(_) => Outcome::rejected_after_effect(
+            Err(_) => Outcome::rejected(
                 Some(key),
                 ErrorCode::ApprovalExpired,
                 transitions::approval_expired(contract).message,

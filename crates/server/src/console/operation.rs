@@ -175,7 +175,7 @@ fn describe(outcome: &Outcome) -> Now {
     Now {
         label: label.into(),
         next_action: next_action.into(),
-        safe_to_repeat: outcome.safe_to_repeat,
+        safe_to_repeat: outcome.safe_to_repeat(),
         reference: outcome.effect_reference.clone(),
         error: outcome
             .error

@@ -63,6 +63,21 @@ pub fn utc(at: Millis) -> String {
     )
 }
 
+/// `2026-12-01T16:11:31.042Z`: RFC 3339 in UTC with milliseconds, as API v1 shows times beside
+/// their epoch milliseconds.
+pub fn rfc3339(at: Millis) -> String {
+    let seconds = at.div_euclid(1000);
+    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let (year, month, day) = civil(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60,
+        at.rem_euclid(1000)
+    )
+}
+
 /// The calendar date of a day count since 1970-01-01, by eras of 400 years (146 097 days).
 fn civil(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
@@ -173,6 +188,9 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(1_795_827_723_000), "2026-11-28 01:02:03 UTC");
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_827_723_042), "2026-11-28T01:02:03.042Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]

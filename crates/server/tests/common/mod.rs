@@ -141,18 +141,25 @@ impl Reply {
     pub fn code(&self) -> &str {
         self.json["error"]["code"].as_str().unwrap_or("")
     }
-    /// A rejection must be an RFC 9457 problem with the outcome fields; one of a key that
-    /// provably had no effect, so safe to repeat.
+    /// A rejection must be an RFC 9457 problem with the outcome fields. What it says of
+    /// `safe_to_repeat` is asserted where that is the point: [`Reply::assert_problem_safe`],
+    /// [`Reply::assert_problem_after_effect`].
     pub fn assert_problem(&self, status: u16, code: &str) {
-        self.assert_problem_with(status, code, true);
+        self.assert_problem_with(status, code, None);
     }
 
-    /// A rejection of a key whose effect happened (or may have): not safe to repeat.
+    /// A rejection of a key that provably had no effect (the machine's proof): safe to repeat.
+    pub fn assert_problem_safe(&self, status: u16, code: &str) {
+        self.assert_problem_with(status, code, Some(true));
+    }
+
+    /// A rejection that claims nothing, or of a key whose effect happened (or may have): not
+    /// safe to repeat.
     pub fn assert_problem_after_effect(&self, status: u16, code: &str) {
-        self.assert_problem_with(status, code, false);
+        self.assert_problem_with(status, code, Some(false));
     }
 
-    fn assert_problem_with(&self, status: u16, code: &str, safe: bool) {
+    fn assert_problem_with(&self, status: u16, code: &str, safe: Option<bool>) {
         assert_eq!(self.status, status, "{}", self.text);
         assert_eq!(
             self.header("content-type"),
@@ -172,7 +179,10 @@ impl Reply {
         );
         assert_eq!(self.json["status"], status);
         assert_eq!(self.json["outcome"], "rejected");
-        assert_eq!(self.json["safe_to_repeat"], safe, "{}", self.text);
+        match safe {
+            Some(safe) => assert_eq!(self.json["safe_to_repeat"], safe, "{}", self.text),
+            None => assert!(self.json["safe_to_repeat"].is_boolean(), "{}", self.text),
+        }
         assert_eq!(self.code(), code, "{}", self.text);
         assert_eq!(self.outcome(), "rejected");
     }
