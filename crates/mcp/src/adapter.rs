@@ -1345,6 +1345,9 @@ pub fn streamable_http_service_with(
     })
 }
 
+/// The most of a refused request's body read before the refusal; past it the connection closes.
+const UNREAD_BODY_LIMIT: usize = 64 * 1024;
+
 fn unauthorized() -> Response<Body> {
     let outcome = Outcome::rejected(
         None,
@@ -1377,7 +1380,18 @@ impl tower::Service<Request<Body>> for McpHttpService {
         // Every request is authenticated on its own, session or not, so a session id never
         // carries one tenant's identity into another's request.
         let Some(caller) = (self.auth)(&parts) else {
-            return Box::pin(std::future::ready(Ok(unauthorized())));
+            return Box::pin(async move {
+                // Read (a bounded amount of) the refused request's body first: an unread body
+                // makes the server drop the connection, and a client that sent its next request
+                // on it meanwhile sees a disconnect instead of this answer.
+                let mut refusal = unauthorized();
+                if axum::body::to_bytes(body, UNREAD_BODY_LIMIT).await.is_err() {
+                    refusal
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok(refusal)
+            });
         };
         parts.extensions.insert(Authenticated(caller));
         let mut inner = self.inner.clone();
