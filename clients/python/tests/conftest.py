@@ -4,12 +4,14 @@ workflow ids (after the test), so counts at the fake are per test."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from fake_sor import FakeSystemOfRecord
 from harness import AGENT_TOKEN, OPERATOR_TOKEN, Gateway, LosingProxy
+from local_support import Ledger
 
 import idemgate
 
@@ -45,6 +47,18 @@ def proxy(gateway: Gateway) -> Iterator[LosingProxy]:
     p = LosingProxy(gateway.port)
     yield p
     p.stop()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[idemgate.Local]:
+    """A fresh in-process engine over its own SQLite file; its recoverer is stopped after."""
+    with idemgate.Local(f"sqlite://{tmp_path / 'ops.sqlite'}", tenant="acme", environment="test") as engine:
+        yield engine
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    return Ledger()
 
 
 @pytest.fixture

@@ -15,6 +15,9 @@
 //! 4. [`Assembly`] → [`App`] — the executor over the store and the tools; the app starts its
 //!    recoverer ([`App::start_recoverer`], intervals from [`Recovery`]) and answers the two
 //!    calls every face makes, [`App::invoke`] and [`App::status`].
+//! 5. [`operations`] — the operator's actions by key for a face that holds no tool of its own
+//!    (the in-process packages): [`App::reconcile`], [`App::approve`], [`App::deny`], scoped
+//!    by [`App::owns`] like every read.
 //!
 //! [`config`] is the configuration file every face reads — the application's part of it, the
 //! faces' sections read from the same text by the faces, and [`config::File::assembly`], the
@@ -26,6 +29,7 @@
 pub mod assembly;
 pub mod config;
 pub mod contracts;
+pub mod operations;
 pub mod tools;
 
 use std::sync::Arc;
@@ -35,6 +39,7 @@ use idemgate_core::store::Store;
 use idemgate_engine::sealed::SealedStore;
 
 pub use assembly::{App, Assembly, Background, Recovery, check_part};
+pub use operations::ActError;
 pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.

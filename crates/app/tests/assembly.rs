@@ -170,6 +170,68 @@ async fn the_started_recoverer_finishes_an_accepted_job_and_stops_when_asked() {
         .expect("the recoverer stops when asked");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_by_key_are_scoped_to_the_callers_tenant() {
+    use idemgate_app::ActError;
+    let world = world().await;
+    let legal = json!({"queue_id": "legal", "subject": "Refund", "body": "Order 42."});
+    let held = world
+        .call("acme", "tickets.create", "run_4", legal.clone())
+        .await;
+    let denied = world.call("acme", "tickets.create", "run_5", legal).await;
+    assert_eq!((held, denied), (Status::InFlight, Status::InFlight));
+    let tickets = world.sandbox("tickets.create");
+    assert_eq!(tickets.calls(), 0, "nothing runs before an approval");
+
+    let key = OperationKey::parse("acme:test:run_4:s").unwrap();
+    // Another tenant finds nothing to act on, exactly as for a missing key.
+    let e = world
+        .app
+        .approve(&caller("globex"), &key, None, "r")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ActError::NotFound(_)), "{e}");
+    let applied = world
+        .app
+        .approve(&caller("acme"), &key, None, "checked")
+        .await
+        .unwrap();
+    assert_eq!(applied.status, Status::Applied, "{applied:?}");
+    assert_eq!(tickets.effects(), 1);
+
+    let other = OperationKey::parse("acme:test:run_5:s").unwrap();
+    let e = world
+        .app
+        .deny(&caller("globex"), &other, "r")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ActError::NotFound(_)), "{e}");
+    let refusal = world
+        .app
+        .deny(&caller("acme"), &other, "not ours")
+        .await
+        .unwrap();
+    assert_eq!(
+        refusal.error.map(|e| e.code),
+        Some(ErrorCode::ApprovalDenied)
+    );
+    // An applied record cannot be reconciled; the engine's refusal comes through.
+    let e = world
+        .app
+        .reconcile(&caller("acme"), &key, None, "r")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ActError::Action(_)), "{e}");
+    let elsewhere = OperationKey::parse("acme:prod:run_4:s").unwrap();
+    let e = world
+        .app
+        .reconcile(&caller("acme"), &elsewhere, None, "r")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ActError::NotFound(_)), "{e}");
+    assert_eq!(tickets.effects(), 1);
+}
+
 /// A downstream whose call commits an effect (counted on its own side) and then panics: the
 /// task that ran the delivery dies after it may have sent.
 struct CommitsThenPanics {

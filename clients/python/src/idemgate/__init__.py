@@ -15,6 +15,15 @@ Reading order:
   error, which the gateway answers from the same operation's record.
 - Adapters: `idemgate.langchain.as_langchain_tool` (extra `langgraph`) and
   `idemgate.openai_agents.function_tool` (extra `openai-agents`).
+
+In process, without a gateway (the engine itself, compiled into `idemgate._native`):
+
+- `Local(url, tenant=, environment=)` / `AsyncLocal` — the engine over a `sqlite://PATH` or
+  `postgres://…` store, with the same `invoke`, `step`, `operation` and operator methods as
+  `Client`; `@local.tool(name, ...)` makes a function the guarded effect of a tool.
+- What a tool's function tells the engine: it returns a `Receipt(reference, result)` (or a
+  JSON value), or raises `NotSent(reason)` or `Refused(code, message)`; any other exception
+  is ambiguous. `Job`, `JobGone` and `AuthRequest` serve the `poll=` and `authorize=` hooks.
 """
 
 from ._client import NOT_DONE, AsyncClient, AsyncStep, Client, RaiseOn, Step
@@ -26,6 +35,16 @@ from ._identity import (
     current_workflow_id,
     step,
     workflow,
+)
+from ._effects import AuthRequest, Job, JobGone, NotSent, Refused
+from ._local import (
+    AsyncLocal,
+    AsyncLocalStep,
+    AsyncLocalTool,
+    ContractWarning,
+    Local,
+    LocalStep,
+    LocalTool,
 )
 from ._model_text import meaning, outcome_text, transport_text
 from ._models import Event, Operation, OperationPage, OperationRecord, Receipt, ToolInfo
@@ -62,9 +81,14 @@ __all__ = [
     "AnswerLost",
     "Applied",
     "AsyncClient",
+    "AsyncLocal",
+    "AsyncLocalStep",
+    "AsyncLocalTool",
     "AsyncStep",
+    "AuthRequest",
     "AuthenticationError",
     "Client",
+    "ContractWarning",
     "Event",
     "GatewayUnavailable",
     "Identity",
@@ -72,9 +96,15 @@ __all__ = [
     "InFlight",
     "InFlightError",
     "InvalidIdentityError",
+    "Job",
+    "JobGone",
     "Label",
+    "Local",
+    "LocalStep",
+    "LocalTool",
     "MissingIdentityError",
     "NextAction",
+    "NotSent",
     "NotFoundError",
     "Operation",
     "OperationPage",
@@ -84,6 +114,7 @@ __all__ = [
     "ProtocolError",
     "RaiseOn",
     "Receipt",
+    "Refused",
     "Rejected",
     "RejectedError",
     "Replayed",

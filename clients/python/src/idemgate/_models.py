@@ -60,10 +60,14 @@ class ToolInfo:
 
 @dataclass(frozen=True)
 class Receipt:
-    """The downstream's reference for the effect and the replay-safe result kept with it."""
+    """The downstream's reference for the effect and the replay-safe result kept with it.
+
+    In process, a tool's function returns one (`Receipt(reference=r.id, result={...})`) to
+    tell the engine the effect happened, and its `lookup=` returns one for an effect it finds.
+    """
 
     reference: str
-    result: Any
+    result: Any = None
 
 
 @dataclass(frozen=True)

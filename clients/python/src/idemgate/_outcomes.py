@@ -8,7 +8,7 @@ a status code. `parse_outcome` is the one place that turns an answer's body into
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, NoReturn, Union
+from typing import Any, ClassVar, Literal, Mapping, NoReturn, Sequence, Union
 
 Label = Literal["applied", "replayed", "in_flight", "rejected", "unknown"]
 NextAction = Literal["none", "poll", "reconcile", "ask_for_approval", "inspect_operation"]
@@ -71,14 +71,28 @@ class UnknownOutcomeError(OutcomeError):
 
 
 class UnknownToolError(RejectedError):
-    """The gateway has no tool of that name loaded."""
+    """The gateway has no tool of that name loaded (or, in process, the `Local` has no tool of
+    that name registered: then `base_url` is None)."""
 
-    def __init__(self, tool: str, outcome: "Rejected", base_url: str) -> None:
-        super().__init__(
-            f"the gateway at {base_url} has no tool named {tool!r} "
-            f"(GET /v1/tools lists the loaded tools): {outcome.message}",
-            outcome,
-        )
+    def __init__(
+        self,
+        tool: str,
+        outcome: "Rejected",
+        base_url: str | None,
+        registered: "Sequence[str]" = (),
+    ) -> None:
+        if base_url is None:
+            known = ", ".join(sorted(registered)) or "none yet"
+            message = (
+                f"no tool named {tool!r} is registered on this Local (registered: {known}); "
+                "register one with @local.tool"
+            )
+        else:
+            message = (
+                f"the gateway at {base_url} has no tool named {tool!r} "
+                f"(GET /v1/tools lists the loaded tools): {outcome.message}"
+            )
+        super().__init__(message, outcome)
         self.tool = tool
 
 
@@ -249,9 +263,10 @@ def error_for(outcome: Outcome) -> OutcomeError:
         after = f"; ask again after {outcome.retry_after} s" if outcome.retry_after else ""
         return InFlightError(f"operation {key} is still in flight{after}", outcome)
     if isinstance(outcome, Rejected):
+        # An in-process outcome has no HTTP status (0).
+        http = f", HTTP {outcome.http_status}" if outcome.http_status else ""
         return RejectedError(
-            f"operation {key} was rejected ({outcome.code}, HTTP {outcome.http_status}): "
-            f"{outcome.message}",
+            f"operation {key} was rejected ({outcome.code}{http}): {outcome.message}",
             outcome,
         )
     if isinstance(outcome, Unknown):

@@ -1,0 +1,62 @@
+"""Calls per second of a guarded no-op function in process, on SQLite: unique keys (each call
+claims, performs and records) and replays (each call answered from the record), at 1 and 8
+threads. A first measure for the binding's cost, not the side-by-side benchmark (issue 30,
+part 5). Build the extension in release mode first (`pip install ./clients/python`, or
+`maturin develop --release` in clients/python).
+
+    python bench/local_calls.py [--calls N] [--synchronous normal|full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import idemgate
+
+
+def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str) -> float:
+    per = calls // threads
+    start = threading.Barrier(threads + 1)
+
+    def worker(t: int) -> None:
+        start.wait()
+        for i in range(per):
+            outcome = tool.invoke({"n": i}, workflow_id=f"{prefix}-{t}", step_id=str(i))
+            assert outcome.label in ("applied", "replayed"), outcome
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    start.wait()
+    began = time.perf_counter()
+    for p in pool:
+        p.join()
+    return per * threads / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=4000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
+        effects = 0
+
+        @local.tool("bench.noop", fingerprint=["n"])
+        def noop(n: int) -> dict[str, int]:
+            nonlocal effects
+            effects += 1
+            return {"n": n}
+
+        for threads in (1, 8):
+            unique = run(noop, threads, args.calls, f"u{threads}")
+            replay = run(noop, threads, args.calls, f"u{threads}")
+            print(f"{threads} thread(s): unique {unique:8.0f} calls/s   replay {replay:8.0f} calls/s")
+        print(f"effects: {effects}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,567 @@
+//! A tool's Python functions as the engine's traits: the decorated function is the tool's
+//! [`Downstream`] (`perform`, with the optional lookup as `lookup_receipt` and the optional job
+//! poller as `poll_job`), and the optional `authorize` callable is its [`Authorizer`].
+//!
+//! Nothing here decides anything about claims, fences, recovery or labels: each function's
+//! answer is classified into the engine's terms ([`EffectOutcome`], [`Lookup`], [`JobStatus`],
+//! [`Authorization`]) and the engine does the rest. The Python side hands over *adapters*
+//! (`idemgate._local`), which call the user's function and answer a small tuple saying what it
+//! did — `("committed", reference, result)`, `("not_sent", reason, retry_after)`, … — so every
+//! exception of the user's function is caught in Python, where its type and message are read.
+//!
+//! Where a function runs: a synchronous one on a blocking thread of the runtime (never on a
+//! worker, whose lease renewals must keep running), with the interpreter lock taken only
+//! there; an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
+//! call is waiting for this very operation, otherwise the background loop the Python side
+//! started. The caller's `contextvars` go with the call when the caller is waiting
+//! ([`Callers`]); the recoverer's calls have none.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemgate_core::effect::{
+    AuthRequest, AuthStage, Authorization, Authorizer, Downstream, EffectOutcome, EffectRequest,
+    JobStatus, Lookup,
+};
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::ErrorCode;
+use idemgate_core::record::{Receipt, Refusal};
+use idemgate_core::store::BoxFuture;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::convert::{to_json, to_py};
+
+/// Where a waiting caller's call runs: its `contextvars` and, for an `AsyncLocal` call, its
+/// running event loop.
+pub struct CallerContext {
+    pub context: Py<PyAny>,
+    pub event_loop: Option<Py<PyAny>>,
+}
+
+/// The callers waiting right now, by operation key, so that a tool's function called for a key
+/// runs in its caller's context. Only a hint: a function called by the recoverer, or after its
+/// caller left, runs without one.
+#[derive(Default)]
+pub struct Callers {
+    next: AtomicU64,
+    by_key: Mutex<HashMap<String, (u64, Arc<CallerContext>)>>,
+}
+
+/// A caller's entry, removed when the guard is dropped (if no later caller of the same key
+/// replaced it).
+pub struct Waiting {
+    callers: Arc<Callers>,
+    key: String,
+    id: u64,
+}
+
+impl Callers {
+    pub fn enter(self: &Arc<Self>, key: String, context: CallerContext) -> Waiting {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(key.clone(), (id, Arc::new(context)));
+        Waiting {
+            callers: self.clone(),
+            key,
+            id,
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<CallerContext>> {
+        self.lock().get(key).map(|(_, c)| c.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Arc<CallerContext>)>> {
+        // A std mutex: it is held for one map operation, never across an await.
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut by_key = self.callers.lock();
+        if by_key.get(&self.key).is_some_and(|(id, _)| *id == self.id) {
+            by_key.remove(&self.key);
+        }
+    }
+}
+
+/// Why a call of a Python function gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The function provably did not start: its arguments could not be made, its event loop
+    /// is closed, the interpreter is shutting down.
+    NotCalled(String),
+    /// The function may have run: it did not return in time, or its call broke in a way that
+    /// does not say how far it got.
+    Broke(String),
+}
+
+/// One Python callable and how to call it.
+pub struct Callable {
+    pub function: Arc<Py<PyAny>>,
+    pub is_async: bool,
+    /// The event loop for a coroutine whose caller has none (the background loop).
+    pub background: Option<Arc<Py<PyAny>>>,
+}
+
+/// Runs `f` attached to the interpreter, with a panic caught: a panic after the call may have
+/// followed the effect, so it counts as [`Failure::Broke`]. An interpreter that is shutting
+/// down is not attached to at all.
+fn attached<T>(f: impl FnOnce(Python<'_>) -> Result<T, Failure>) -> Result<T, Failure> {
+    Python::try_attach(|py| {
+        std::panic::catch_unwind(AssertUnwindSafe(|| f(py))).unwrap_or_else(|_| {
+            Err(Failure::Broke(
+                "idemgate's binding failed internally around the call".into(),
+            ))
+        })
+    })
+    .unwrap_or_else(|| {
+        Err(Failure::NotCalled(
+            "the Python interpreter is shutting down".into(),
+        ))
+    })
+}
+
+/// An exception as `module.Type: message`, the evidence kept about it.
+pub fn describe(py: Python<'_>, error: &PyErr) -> String {
+    let kind = error.get_type(py);
+    let name = kind
+        .fully_qualified_name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    match error.value(py).str() {
+        Ok(text) if !text.to_string_lossy().is_empty() => {
+            format!("{name}: {}", text.to_string_lossy())
+        }
+        _ => name,
+    }
+}
+
+impl Callable {
+    /// Calls the function with the arguments `args` makes, in the caller's context when one is
+    /// given, and waits for its answer up to `timeout`.
+    pub async fn call<A>(
+        &self,
+        args: A,
+        caller: Option<Arc<CallerContext>>,
+        timeout: Option<Duration>,
+    ) -> Result<Py<PyAny>, Failure>
+    where
+        A: FnOnce(Python<'_>) -> PyResult<Py<PyTuple>> + Send + 'static,
+    {
+        if self.is_async {
+            self.call_async(args, caller, timeout).await
+        } else {
+            self.call_sync(args, caller, timeout).await
+        }
+    }
+
+    async fn call_sync<A>(
+        &self,
+        args: A,
+        caller: Option<Arc<CallerContext>>,
+        timeout: Option<Duration>,
+    ) -> Result<Py<PyAny>, Failure>
+    where
+        A: FnOnce(Python<'_>) -> PyResult<Py<PyTuple>> + Send + 'static,
+    {
+        let function = self.function.clone();
+        // A blocking thread, not a worker: the function may take seconds, and the workers
+        // renew the leases of the claims in flight meanwhile.
+        let call = tokio::task::spawn_blocking(move || {
+            attached(|py| {
+                let args = args(py)
+                    .map_err(|e| Failure::NotCalled(describe(py, &e)))?
+                    .into_bound(py);
+                let function = function.bind(py);
+                let answer = match caller {
+                    // A copy of the caller's context per call: a context is entered by one
+                    // thread at a time.
+                    Some(caller) => {
+                        let context = caller
+                            .context
+                            .bind(py)
+                            .call_method0("copy")
+                            .map_err(|e| Failure::NotCalled(describe(py, &e)))?;
+                        let mut all = vec![function.clone()];
+                        all.extend(args.iter());
+                        let all = PyTuple::new(py, all)
+                            .map_err(|e| Failure::NotCalled(describe(py, &e)))?;
+                        context.call_method1("run", all)
+                    }
+                    None => function.call1(args),
+                };
+                answer
+                    .map(Bound::unbind)
+                    .map_err(|e| Failure::Broke(describe(py, &e)))
+            })
+        });
+        let joined = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(joined) => joined,
+                Err(_) => return Err(Failure::Broke(overdue(limit))),
+            },
+            None => call.await,
+        };
+        joined.unwrap_or_else(|_| {
+            Err(Failure::Broke(
+                "the thread running the function failed".into(),
+            ))
+        })
+    }
+
+    async fn call_async<A>(
+        &self,
+        args: A,
+        caller: Option<Arc<CallerContext>>,
+        timeout: Option<Duration>,
+    ) -> Result<Py<PyAny>, Failure>
+    where
+        A: FnOnce(Python<'_>) -> PyResult<Py<PyTuple>> + Send + 'static,
+    {
+        let future = attached(|py| {
+            let not_called = |e: PyErr| Failure::NotCalled(describe(py, &e));
+            let args = args(py).map_err(not_called)?.into_bound(py);
+            let (event_loop, context) = match &caller {
+                Some(c) => (
+                    c.event_loop
+                        .as_ref()
+                        .map(|l| l.clone_ref(py))
+                        .or_else(|| self.background.as_ref().map(|l| l.clone_ref(py))),
+                    Some(
+                        c.context
+                            .bind(py)
+                            .call_method0("copy")
+                            .map_err(not_called)?,
+                    ),
+                ),
+                None => (self.background.as_ref().map(|l| l.clone_ref(py)), None),
+            };
+            let Some(event_loop) = event_loop else {
+                return Err(Failure::NotCalled(
+                    "no event loop to run the coroutine on".into(),
+                ));
+            };
+            // Calling an `async def` function only makes its coroutine: nothing of its body
+            // has run yet.
+            let coroutine = self.function.bind(py).call1(args).map_err(not_called)?;
+            let locals = pyo3_async_runtimes::TaskLocals::new(event_loop.into_bound(py));
+            let locals = match context {
+                Some(context) => locals.with_context(context),
+                None => locals,
+            };
+            pyo3_async_runtimes::into_future_with_locals(&locals, coroutine.clone()).map_err(|e| {
+                // Never scheduled: close it, so Python does not warn it was never awaited.
+                let _ = coroutine.call_method0("close");
+                not_called(e)
+            })
+        })?;
+        let answer = match timeout {
+            Some(limit) => match tokio::time::timeout(limit, future).await {
+                Ok(answer) => answer,
+                Err(_) => return Err(Failure::Broke(overdue(limit))),
+            },
+            None => future.await,
+        };
+        answer.map_err(|e| match attached(|py| Ok(describe(py, &e))) {
+            Ok(text) | Err(Failure::NotCalled(text) | Failure::Broke(text)) => Failure::Broke(text),
+        })
+    }
+}
+
+fn overdue(limit: Duration) -> String {
+    format!(
+        "the function did not return within its timeout of {} s",
+        limit.as_secs_f64()
+    )
+}
+
+/// The members of an adapter's answer tuple: its kind and the rest.
+fn answer<'py>(
+    py: Python<'py>,
+    answer: &Py<PyAny>,
+) -> Result<(String, Vec<Bound<'py, PyAny>>), String> {
+    let tuple = answer
+        .bind(py)
+        .cast::<PyTuple>()
+        .map_err(|_| "the adapter answered something that is not a tuple".to_string())?;
+    let mut items: Vec<Bound<'py, PyAny>> = tuple.iter().collect();
+    if items.is_empty() {
+        return Err("the adapter answered an empty tuple".into());
+    }
+    let kind: String = items
+        .remove(0)
+        .extract()
+        .map_err(|_| "the adapter answered no kind".to_string())?;
+    Ok((kind, items))
+}
+
+fn text(item: Option<&Bound<'_, PyAny>>) -> Option<String> {
+    item.and_then(|v| v.extract::<Option<String>>().ok().flatten())
+}
+
+/// A receipt from an adapter's `reference` and `result` members; `default_reference` when the
+/// function named none (a plain JSON result).
+fn receipt(
+    items: &[Bound<'_, PyAny>],
+    default_reference: Option<&str>,
+    whose: &str,
+) -> Result<Receipt, String> {
+    let reference = match (text(items.first()), default_reference) {
+        (Some(r), _) if !r.is_empty() => r,
+        (_, Some(d)) => d.to_string(),
+        _ => return Err(format!("{whose} gave a Receipt without a reference")),
+    };
+    let result = match items.get(1) {
+        Some(result) => to_json(result, "result").map_err(|e| {
+            format!("{whose} returned a result that is neither a Receipt nor JSON: {e}")
+        })?,
+        None => serde_json::Value::Null,
+    };
+    Ok(Receipt { reference, result })
+}
+
+/// What the function's adapter said it did, in the engine's terms.
+fn effect_of(py: Python<'_>, raw: &Py<PyAny>, key: &str) -> EffectOutcome {
+    let (kind, items) = match answer(py, raw) {
+        Ok(parts) => parts,
+        Err(why) => return EffectOutcome::ambiguous(why),
+    };
+    let retry_after = |i: usize| {
+        items
+            .get(i)
+            .and_then(|v| v.extract::<Option<u64>>().ok().flatten())
+    };
+    match kind.as_str() {
+        "committed" => match receipt(&items, Some(key), "the function") {
+            Ok(receipt) => EffectOutcome::Committed(receipt),
+            // The function returned normally, so the effect may well have happened: never a
+            // release, never a refusal.
+            Err(why) => EffectOutcome::ambiguous(format!("{why}; the effect may have happened")),
+        },
+        "job" => match text(items.first()) {
+            Some(job_id) if !job_id.is_empty() => EffectOutcome::Accepted { job_id },
+            _ => EffectOutcome::ambiguous("the function returned a Job without a job id"),
+        },
+        "not_sent" => EffectOutcome::NotSent {
+            reason: text(items.first()).unwrap_or_else(|| "not sent".into()),
+            retry_after: retry_after(1),
+        },
+        "refused" => EffectOutcome::Refused(Refusal {
+            code: ErrorCode::DownstreamRejected,
+            message: text(items.first()).unwrap_or_else(|| "refused".into()),
+        }),
+        "ambiguous" => EffectOutcome::Ambiguous {
+            reason: text(items.first()).unwrap_or_else(|| "the function failed".into()),
+            retry_after: retry_after(1),
+        },
+        other => {
+            EffectOutcome::ambiguous(format!("the adapter answered an unknown kind {other:?}"))
+        }
+    }
+}
+
+fn lookup_of(py: Python<'_>, raw: &Py<PyAny>) -> Lookup {
+    let (kind, items) = match answer(py, raw) {
+        Ok(parts) => parts,
+        Err(why) => return Lookup::Unavailable(why),
+    };
+    match kind.as_str() {
+        "found" => match receipt(&items, None, "the lookup") {
+            Ok(receipt) => Lookup::Found(receipt),
+            Err(why) => Lookup::Unavailable(why),
+        },
+        "not_found" => Lookup::NotFound,
+        _ => Lookup::Unavailable(text(items.first()).unwrap_or_else(|| kind.clone())),
+    }
+}
+
+fn job_of(py: Python<'_>, raw: &Py<PyAny>) -> JobStatus {
+    let (kind, items) = match answer(py, raw) {
+        Ok(parts) => parts,
+        Err(why) => return JobStatus::Unavailable(why),
+    };
+    let why = || text(items.first()).unwrap_or_else(|| kind.clone());
+    match kind.as_str() {
+        "running" => JobStatus::Running,
+        "done" => match receipt(&items, None, "the job poller") {
+            Ok(receipt) => JobStatus::Done(receipt),
+            Err(why) => JobStatus::Unavailable(why),
+        },
+        "failed" => JobStatus::Failed(Refusal {
+            code: ErrorCode::DownstreamRejected,
+            message: why(),
+        }),
+        "gone" => JobStatus::Gone(why()),
+        _ => JobStatus::Unavailable(why()),
+    }
+}
+
+/// A tool's functions as its downstream.
+pub struct PyEffect {
+    pub perform: Callable,
+    pub lookup: Option<Callable>,
+    pub poll: Option<Callable>,
+    /// How long the function may take before its answer counts as lost (ambiguous).
+    pub timeout: Option<Duration>,
+    pub callers: Arc<Callers>,
+}
+
+/// A panic while the function's call is under way may have followed the effect: it becomes an
+/// ambiguous answer, which the engine recovers by the lookup or ends `unknown` — never a
+/// refusal, and never a panic in the engine's task.
+async fn guarded<T>(
+    future: impl std::future::Future<Output = T>,
+    on_panic: impl FnOnce(String) -> T,
+) -> T {
+    match crate::runtime::futures_catch(future).await {
+        Ok(answer) => answer,
+        Err(panic) => {
+            let what = crate::runtime::internal(&*panic).to_string();
+            tracing::error!(panic = %what, "idemgate's binding panicked around a tool's function");
+            on_panic(what)
+        }
+    }
+}
+
+/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=after_call` panics after every call of a tool's
+/// function, so the Python tests can prove a panic never reaches the interpreter and never
+/// turns a call that may have had its effect into a refusal. Release builds have no such hook.
+fn test_panic_after_call() {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok("after_call") {
+        panic!("IDEMGATE_PY_TEST_PANIC=after_call");
+    }
+}
+
+impl Downstream for PyEffect {
+    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
+        let key = request.key.to_string();
+        let arguments = request.arguments.clone();
+        Box::pin(guarded(
+            async move {
+                let caller = self.callers.get(&key);
+                let call_key = key.clone();
+                let args = move |py: Python<'_>| {
+                    let items = [
+                        to_py(py, &arguments)?,
+                        call_key.into_pyobject(py)?.into_any(),
+                    ];
+                    Ok(PyTuple::new(py, items)?.unbind())
+                };
+                let answer = self.perform.call(args, caller, self.timeout).await;
+                test_panic_after_call();
+                match answer {
+                    Ok(raw) => attached(|py| Ok(effect_of(py, &raw, &key))).unwrap_or_else(|f| {
+                        // The function answered; only reading its answer failed.
+                        EffectOutcome::ambiguous(match f {
+                            Failure::NotCalled(why) | Failure::Broke(why) => why,
+                        })
+                    }),
+                    Err(Failure::NotCalled(reason)) => EffectOutcome::NotSent {
+                        reason: format!("the function was not called: {reason}"),
+                        retry_after: None,
+                    },
+                    Err(Failure::Broke(reason)) => EffectOutcome::ambiguous(reason),
+                }
+            },
+            EffectOutcome::ambiguous,
+        ))
+    }
+
+    fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        let key = key.to_string();
+        Box::pin(guarded(
+            async move {
+                let Some(lookup) = &self.lookup else {
+                    return Lookup::Unavailable("this tool has no lookup".into());
+                };
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, [key])?.unbind());
+                match lookup.call(args, None, self.timeout).await {
+                    Ok(raw) => attached(|py| Ok(lookup_of(py, &raw))).unwrap_or_else(
+                        |(Failure::NotCalled(why) | Failure::Broke(why))| Lookup::Unavailable(why),
+                    ),
+                    Err(Failure::NotCalled(why) | Failure::Broke(why)) => Lookup::Unavailable(why),
+                }
+            },
+            Lookup::Unavailable,
+        ))
+    }
+
+    fn poll_job<'a>(&'a self, key: &'a OperationKey, job_id: &'a str) -> BoxFuture<'a, JobStatus> {
+        let key = key.to_string();
+        let job_id = job_id.to_string();
+        Box::pin(guarded(
+            async move {
+                let Some(poll) = &self.poll else {
+                    return JobStatus::Unavailable("this tool has no job poller".into());
+                };
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, [job_id, key])?.unbind());
+                match poll.call(args, None, self.timeout).await {
+                    Ok(raw) => attached(|py| Ok(job_of(py, &raw))).unwrap_or_else(
+                        |(Failure::NotCalled(why) | Failure::Broke(why))| {
+                            JobStatus::Unavailable(why)
+                        },
+                    ),
+                    Err(Failure::NotCalled(why) | Failure::Broke(why)) => {
+                        JobStatus::Unavailable(why)
+                    }
+                }
+            },
+            JobStatus::Unavailable,
+        ))
+    }
+}
+
+/// A tool's `authorize` callable as its hook. Its adapter answers `("allowed",)`,
+/// `("denied", reason)` or `("unavailable", reason)`; a hook that cannot answer fails closed.
+pub struct PyHook {
+    pub authorize: Callable,
+    pub callers: Arc<Callers>,
+    pub timeout: Option<Duration>,
+}
+
+impl Authorizer for PyHook {
+    fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
+        let key = request.key.map(|k| k.to_string());
+        let fields = [
+            request.tenant.to_string(),
+            request.actor.to_string(),
+            request.role.to_string(),
+            request.tool.to_string(),
+            key.clone().unwrap_or_default(),
+            request.fingerprint.as_str().to_string(),
+            match request.stage {
+                AuthStage::BeforeEffect => "before_effect",
+                AuthStage::BeforeReplay => "before_replay",
+            }
+            .to_string(),
+        ];
+        Box::pin(guarded(
+            async move {
+                let caller = key.as_deref().and_then(|k| self.callers.get(k));
+                let args = move |py: Python<'_>| Ok(PyTuple::new(py, fields)?.unbind());
+                let decided = match self.authorize.call(args, caller, self.timeout).await {
+                    Ok(raw) => attached(|py| {
+                        let (kind, items) = answer(py, &raw).map_err(Failure::Broke)?;
+                        let why = text(items.first()).unwrap_or_else(|| kind.clone());
+                        Ok(match kind.as_str() {
+                            "allowed" => Authorization::Allowed,
+                            "denied" => Authorization::Denied(why),
+                            _ => Authorization::Unavailable(why),
+                        })
+                    }),
+                    Err(failure) => Err(failure),
+                };
+                decided.unwrap_or_else(|(Failure::NotCalled(why) | Failure::Broke(why))| {
+                    Authorization::Unavailable(why)
+                })
+            },
+            Authorization::Unavailable,
+        ))
+    }
+}

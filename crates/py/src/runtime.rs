@@ -1,0 +1,98 @@
+//! The process's one tokio runtime, and the two ways Python waits on it.
+//!
+//! The runtime is built on first use (never at import) and shared by every `Local` of the
+//! process: building one per call, or per `Local`, would cost threads and a scheduler each time.
+//! It is `pyo3_async_runtimes`' runtime, so awaitables handed to asyncio
+//! ([`pyo3_async_runtimes::tokio::future_into_py`]) run on the same threads as the synchronous
+//! calls.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::OnceLock;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use tokio::runtime::Runtime;
+
+/// The process the runtime was started in. A runtime's threads do not survive `fork`: a child
+/// forked after the runtime started has its state but none of its threads, and would wait
+/// forever on the first call.
+static STARTED_IN: OnceLock<u32> = OnceLock::new();
+
+/// The runtime, started on first use in this process.
+pub fn runtime() -> PyResult<&'static Runtime> {
+    let pid = std::process::id();
+    let started = *STARTED_IN.get_or_init(|| {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.enable_all().thread_name("idemgate");
+        pyo3_async_runtimes::tokio::init(builder);
+        pid
+    });
+    if started != pid {
+        return Err(PyRuntimeError::new_err(format!(
+            "idemgate's engine was started in process {started} and this process ({pid}) was \
+             forked from it: its threads did not come along. Create each Local in the process \
+             that uses it, after forking (in a web server's post-fork hook, say)"
+        )));
+    }
+    Ok(pyo3_async_runtimes::tokio::get_runtime())
+}
+
+/// Runs `future` on the runtime and waits for it on this thread, with the interpreter lock
+/// released the whole time, so other Python threads run while the engine waits on the store
+/// or on a tool's function. A panic is caught here and becomes a `RuntimeError`: it never
+/// unwinds into the interpreter.
+pub fn block_on<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let runtime = runtime()?;
+    py.detach(|| {
+        std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
+            .map_err(|panic| internal(&panic))
+    })
+}
+
+/// A panic's payload as an error for Python.
+pub fn internal(panic: &(dyn std::any::Any + Send)) -> PyErr {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    PyRuntimeError::new_err(format!("idemgate's engine failed internally: {what}"))
+}
+
+/// A future for Python's asyncio: awaitable from the running event loop, run on the runtime.
+/// Cancelling the awaitable stops only the wait; a delivery already claimed runs to its end on
+/// a task of its own (the engine detaches it).
+pub fn awaitable<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    runtime()?;
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        // A panic inside the engine's call must not unwind through the bridge's task.
+        match futures_catch(future).await {
+            Ok(result) => result,
+            Err(panic) => Err(internal(&*panic)),
+        }
+    })
+}
+
+/// Awaits `future`, catching a panic raised while it is polled.
+pub async fn futures_catch<F: Future>(
+    future: F,
+) -> Result<F::Output, Box<dyn std::any::Any + Send + 'static>> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
