@@ -8,7 +8,7 @@
 //! dozen arenas, each holding its own free pages. Two arenas hold the same work: measured with
 //! `../shared/bench-peers/idemgate_memory.sh 60 32` (default configuration, 32-way unique load),
 //! 81 MB RSS with glibc's default against 66 MB with two arenas after ~190k effects
-//! (BENCHMARKS.md, "The default gateway's memory").
+//! (docs/benchmarks/history.md, "The default gateway's memory").
 //!
 //! Since then the Rust side allocates with mimalloc (the binary's global allocator, `main.rs`);
 //! glibc's malloc still serves the C code linked in — SQLite's page caches and statements

@@ -181,9 +181,9 @@ const FAILURE: u8 = 2;
 
 /// The process's allocator: mimalloc rather than glibc's malloc. Under the gateway's unique-key
 /// load glibc spent about 13 % of the process's CPU samples in `malloc`, `free` and their
-/// consolidation of freed chunks (BENCHMARKS.md, "The allocator and the spawned delivery");
-/// mimalloc's per-thread free lists avoid most of it, at a higher but bounded RSS. SQLite's
-/// own allocations still go to the C library's `malloc`, which `arenas` bounds.
+/// consolidation of freed chunks (docs/benchmarks/history.md, "The allocator and the spawned
+/// delivery"); mimalloc's per-thread free lists avoid most of it, at a higher but bounded RSS.
+/// SQLite's own allocations still go to the C library's `malloc`, which `arenas` bounds.
 ///
 /// Freed pages go back to the system at once rather than after mimalloc's default 1 s: with
 /// the delay the default gateway peaked at 95–98 MB VmHWM after 40 s of 32-way unique load,

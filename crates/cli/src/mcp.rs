@@ -3,7 +3,7 @@
 //!
 //! Without `--config`: the contracts `--contracts` names, each with its HTTP downstream and
 //! authorization hook (or with `--fake-downstream` the in-process fakes), over the store
-//! `--store` names. With `--config FILE` (the gateway's TOML configuration) the application's
+//! `--store` names (by default a file in the data directory). With `--config FILE` (the gateway's TOML configuration) the application's
 //! loader reads the file and the MCP face its `[mcp]` section (`idemgate_mcp::assembly::
 //! serve_config`).
 
@@ -28,17 +28,16 @@ pub struct McpArgs {
     /// of its tenants. Replaces `--store`, `--contracts` and `--environment`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["store", "contracts", "environment"])]
     pub config: Option<PathBuf>,
-    /// Operation store: `sqlite://PATH` or `postgres://…`.
-    #[arg(
-        long,
-        value_name = "URL",
-        default_value = "sqlite://idemgate.sqlite",
-        env = "IDEMGATE_STORE"
-    )]
-    pub store: String,
-    /// Contract files; a `*` in the last path segment is expanded here, so the default works
-    /// without a shell.
-    #[arg(long, value_name = "GLOB", num_args = 1.., default_value = "contracts/*.yaml")]
+    /// Operation store: `sqlite://PATH` or `postgres://…`. Default: one SQLite file per tenant
+    /// and environment in the data directory (`$XDG_DATA_HOME/idemgate/mcp/`, else
+    /// `~/.local/share/idemgate/mcp/`), the same whatever directory a host starts it in, so a
+    /// restarted server finds its operations.
+    #[arg(long, value_name = "URL", env = "IDEMGATE_STORE")]
+    pub store: Option<String>,
+    /// Contract files; a `*` in the last path segment is expanded here, so it works without a
+    /// shell. Default: `contracts/*.yaml` where it runs, or the example contracts built into
+    /// the binary when there are none there.
+    #[arg(long, value_name = "GLOB", num_args = 1..)]
     pub contracts: Vec<String>,
     /// The tenant every operation of this local agent belongs to (with `--config`, one of the
     /// configuration's tenants).
@@ -71,6 +70,23 @@ pub struct McpArgs {
     pub sweep_interval: Duration,
 }
 
+/// Where `idemgate mcp` reads contracts unless told: relative to where it runs.
+const DEFAULT_CONTRACTS: &str = "contracts/*.yaml";
+
+/// A tenant or environment name as part of a file name.
+fn slug(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect()
+}
+
 /// A background interval: a duration (`2s`, `5m`) longer than zero.
 pub fn interval(text: &str) -> Result<Duration, String> {
     let span = idemgate_core::duration::Span::parse(text).map_err(|e| e.to_string())?;
@@ -97,8 +113,35 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         .await?;
         return Ok(());
     }
-    let store = stores::open(&args.store).await?;
-    let contracts = contracts::load(&args.contracts, Path::new(""))?;
+    let store = match &args.store {
+        Some(url) => url.clone(),
+        None => {
+            let dir = stores::data_dir("mcp")?;
+            format!(
+                "sqlite://{}/{}-{}.sqlite",
+                dir.display(),
+                slug(&args.tenant),
+                slug(&args.environment)
+            )
+        }
+    };
+    let store = stores::open(&store).await?;
+    let contracts = if args.contracts.is_empty() {
+        // Hosts start servers in a directory of their choosing: without contracts there, the
+        // examples built into the binary, as `serve` does.
+        let default = [DEFAULT_CONTRACTS.to_string()];
+        match contracts::files(&default, Path::new("")) {
+            Ok(files) if !files.is_empty() => contracts::load_files(&files)?,
+            Ok(_) | Err(_) => {
+                eprintln!(
+                    "idemgate mcp: no {DEFAULT_CONTRACTS} here; using the embedded example contracts"
+                );
+                contracts::examples()?
+            }
+        }
+    } else {
+        contracts::load(&args.contracts, Path::new(""))?
+    };
     let (tools, fakes) = if args.fake_downstream {
         let fakes = FakeDownstreams::for_contracts(&contracts);
         (ToolSet::build(contracts, &fakes), Some(fakes))

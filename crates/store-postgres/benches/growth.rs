@@ -2,7 +2,7 @@
 //! mix of `idemgate_conformance::growth` and measures there, through the store, claim +
 //! finalise, replay reading the store, the reconciliation queue's first page, the recoverer's
 //! scan and a sweep of 1% of the rows (see that module). Prints one block per size;
-//! BENCHMARKS.md ("Cost as the store grows") records the figures and the command.
+//! docs/benchmarks/history.md ("Cost as the store grows") records the figures and the command.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \

@@ -646,7 +646,8 @@ impl PgStore {
         // keeps its tombstone until the next one (see `sql::SWEEP`). Each batch is a statement
         // of its own, which bounds how long it runs and holds its row locks: one statement
         // over a limit of 15 000 rows per kind overran the default statement timeout on a
-        // database of three million records (BENCHMARKS.md, "Cost as the store grows").
+        // database of three million records (docs/benchmarks/history.md, "Cost as the store
+        // grows").
         let mut left = limit;
         while left > 0 {
             let take = left.min(SWEEP_BATCH);

@@ -5,7 +5,7 @@
 //! commit that takes the log past 1000 pages: on the writer thread, before the callers of that
 //! batch hear back and before the next batch may start. On a large file, where each new key
 //! lands on a page of its own and every page the checkpoint copies is a write of its own, that
-//! was half of the writer thread's time (BENCHMARKS.md, "Cost as the store grows").
+//! was half of the writer thread's time (docs/benchmarks/history.md, "Cost as the store grows").
 //!
 //! So the write connection's own checkpoint is turned off and replaced. Its WAL hook, which
 //! SQLite calls after each commit with the log's length, wakes a thread of ours — with a

@@ -272,8 +272,8 @@ impl SqliteStore {
 
 /// The most rows of each kind one write transaction of a sweep purges or compacts. A batch
 /// also stops after 20 ms of work, which on a large file whose pages must be read from disk
-/// comes first (BENCHMARKS.md, "Cost as the store grows"): a claim never waits behind more
-/// than one batch and a commit.
+/// comes first (docs/benchmarks/history.md, "Cost as the store grows"): a claim never waits
+/// behind more than one batch and a commit.
 pub const SWEEP_BATCH: usize = 256;
 
 /// What [`migrate`] found and left: schema versions, 0 for a new file.
