@@ -51,7 +51,8 @@ enum Span {
     Unplaced,
 }
 
-fn classify(root: &Path, span: &str) -> Span {
+/// `home` is the folder of a crate's README, whose own files it names from there (`src/…`).
+fn classify(root: &Path, home: Option<&Path>, span: &str) -> Span {
     if !span.contains('/') || span.starts_with('/') || span.contains(char::is_whitespace) {
         return Span::Other;
     }
@@ -62,6 +63,12 @@ fn classify(root: &Path, span: &str) -> Span {
         return Span::Path(root.join(span));
     }
     let first = span.split('/').next().unwrap_or_default();
+    if let Some(home) = home
+        && !first.is_empty()
+        && home.join(first).exists()
+    {
+        return Span::Path(home.join(span));
+    }
     if !first.is_empty() && root.join("crates").join(first).is_dir() {
         return Span::Path(root.join("crates").join(span));
     }
@@ -171,13 +178,14 @@ fn collect_definitions(text: &str, names: &mut HashSet<String>) {
     }
 }
 
-/// Every way `page` breaks the convention or names something that does not exist.
-fn faults(root: &Path, page: &str, defined: &HashSet<String>) -> Vec<String> {
-    let mut faults = Vec::new();
+fn too_long(page: &str) -> Option<String> {
     let lines = page.lines().count();
-    if lines > MAX_LINES {
-        faults.push(format!("{lines} lines, more than {MAX_LINES}"));
-    }
+    (lines > MAX_LINES).then(|| format!("{lines} lines, more than {MAX_LINES}"))
+}
+
+/// Every way `page` breaks the convention or names something that does not exist.
+fn faults(root: &Path, home: Option<&Path>, page: &str, defined: &HashSet<String>) -> Vec<String> {
+    let mut faults = Vec::new();
     // A unit is a bullet or a paragraph; a "Tests:" clause runs to the end of its unit.
     let mut in_tests = false;
     for (n, line) in prose(page) {
@@ -205,7 +213,7 @@ fn faults(root: &Path, page: &str, defined: &HashSet<String>) -> Vec<String> {
                 continue;
             }
             let span = *part;
-            match classify(root, span) {
+            match classify(root, home, span) {
                 Span::Path(path) => {
                     if !path.exists() {
                         faults.push(format!("line {n}: `{span}` does not exist"));
@@ -243,12 +251,41 @@ fn architecture_names_only_paths_and_tests_that_exist() {
     let root = repository();
     let page = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let defined = definitions(&root, &["crates", "clients"]);
-    let faults = faults(&root, &page, &defined);
+    let mut faults = faults(&root, None, &page, &defined);
+    faults.extend(too_long(&page));
     assert!(
         faults.is_empty(),
         "ARCHITECTURE.md (see its conventions at the top):\n{}",
         faults.join("\n")
     );
+}
+
+/// The crates' READMEs, where ARCHITECTURE.md sends a reader for each crate's inside, are held
+/// to the same convention; a path may also start in the crate's own folder (`src/writer.rs`).
+#[test]
+fn crate_readmes_name_only_paths_and_tests_that_exist() {
+    let root = repository();
+    let defined = definitions(&root, &["crates", "clients"]);
+    let mut all = Vec::new();
+    let mut read = 0;
+    for entry in fs::read_dir(root.join("crates"))
+        .expect("crates/")
+        .flatten()
+    {
+        let home = entry.path();
+        let Ok(page) = fs::read_to_string(home.join("README.md")) else {
+            continue;
+        };
+        read += 1;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        all.extend(
+            faults(&root, Some(&home), &page, &defined)
+                .into_iter()
+                .map(|f| format!("crates/{name}/README.md {f}")),
+        );
+    }
+    assert!(read > 0, "no crate README was read");
+    assert!(all.is_empty(), "{}", all.join("\n"));
 }
 
 /// The checker itself reports each kind of fault, and passes what is right, on a small page
@@ -271,7 +308,7 @@ Paths: `crates/core`, `server/tests/router.rs`, `cli/tests/crash.rs`, `docs/nowh
 crates/gone/   a code block is not read
 ```
 ";
-    let faults = faults(&root, page, &defined);
+    let faults = faults(&root, None, page, &defined);
     let expected = [
         "line 3: `cli/tests/crash.rs` does not exist",
         "line 3: `docs/nowhere.md` does not exist",
@@ -289,8 +326,20 @@ crates/gone/   a code block is not read
 
     let long = "line\n".repeat(MAX_LINES + 1);
     assert_eq!(
-        self::faults(&root, &long, &defined),
-        [format!("{} lines, more than {MAX_LINES}", MAX_LINES + 1)]
+        too_long(&long),
+        Some(format!("{} lines, more than {MAX_LINES}", MAX_LINES + 1))
+    );
+    assert_eq!(too_long(&"line\n".repeat(MAX_LINES)), None);
+    // From a crate's README, its own files are named from its folder.
+    let home = root.join("crates/server");
+    assert_eq!(
+        self::faults(
+            &root,
+            Some(&home),
+            "`tests/router.rs`, `src/nowhere.rs`, `core/README.md`",
+            &defined
+        ),
+        ["line 1: `src/nowhere.rs` does not exist"]
     );
     let mut names = HashSet::new();
     collect_definitions(
