@@ -1,9 +1,15 @@
 // idemgate/local under the frameworks' own runtimes: a guarded function as a Vercel AI SDK tool
 // driven by the SDK's mock model (proposing the call twice, and a run that loses the model's
-// answer and is run again), effects counted in a ledger the function writes.
+// answer and is run again), and as the tool of an MCP server written with the official MCP SDK
+// (examples/mcp-refunds.mjs, run as written), effects counted where the function makes them.
 
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 
 import { generateText, stepCountIs } from 'ai';
 import { MockLanguageModelV3 } from 'ai/test';
@@ -11,7 +17,7 @@ import { MockLanguageModelV3 } from 'ai/test';
 import { guardedTool } from 'idemgate/ai';
 import { Local, Receipt } from 'idemgate/local';
 
-import { Ledger, T, sqliteStore } from './support/local-support.mjs';
+import { Ledger, T, sqliteStore, tempDir } from './support/local-support.mjs';
 
 const usage = {
   inputTokens: { total: 10, noCache: 10, cacheRead: 0, cacheWrite: 0 },
@@ -118,5 +124,26 @@ describe('a guarded function as a Vercel AI SDK tool', () => {
     const labels = result.steps.flatMap((s) => s.toolResults.map((r) => r.output.outcome));
     assert.deepEqual(labels, ['applied', 'applied', 'replayed']);
     assert.equal(ledger.effects.length - before, 2);
+  });
+});
+
+describe('a guarded function as the tool of an MCP server (the official TypeScript MCP SDK)', () => {
+  test('examples/mcp-refunds.mjs as written: called twice, then through a fresh server process, one refund', T, async () => {
+    const dir = tempDir();
+    const refundsFile = join(dir, 'refunds.jsonl');
+    const example = fileURLToPath(new URL('../examples/mcp-refunds.mjs', import.meta.url));
+    const { stdout } = await promisify(execFile)(process.execPath, [example], {
+      env: { ...process.env, IDEMGATE_STORE: join(dir, 'refunds.sqlite'), REFUNDS_FILE: refundsFile },
+      timeout: 60_000,
+    });
+    const lines = stdout.trim().split('\n');
+    assert.deepEqual(
+      lines.slice(0, 3).map((l) => l.split(':')[0]),
+      ['applied re_1', 'replayed re_1', 'replayed re_1'],
+    );
+    assert.equal(lines[3], 'refunds made: 1');
+    // Counted at the provider itself: one refund, under the operation's key.
+    const made = readFileSync(refundsFile, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    assert.deepEqual(made.map((r) => r.idempotency_key), ['acme:example:conv-7:refund-pi_42']);
   });
 });
