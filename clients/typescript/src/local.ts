@@ -74,7 +74,7 @@ export class NotSent extends Error {
  */
 export class Refused extends Error {
   readonly code: string;
-  constructor(code: string, message: string) {
+  constructor(code: string, message = '') {
     super(message);
     this.name = 'Refused';
     this.code = code;
@@ -218,7 +218,7 @@ function evidence(error: unknown): string {
 /** What a function's exception says. */
 function raised(tool: string, error: unknown): unknown[] {
   if (error instanceof NotSent) return ['not_sent', error.reason, error.retryAfter];
-  if (error instanceof Refused) return ['refused', `${error.code}: ${error.message}`];
+  if (error instanceof Refused) return ['refused', error.message ? `${error.code}: ${error.message}` : error.code];
   process.emitWarning(
     `idemgate: tool ${tool} threw ${evidence(error)}; the effect may have happened, so the engine ` +
       'recovers it by its lookup or leaves it unknown',
@@ -449,6 +449,8 @@ export class Local {
   readonly url: string;
   readonly #native: NativeLocal;
   readonly #throw: boolean;
+  /** `tenant:environment:`, the start of every key of this Local. */
+  readonly #keyPrefix: string;
   readonly #callers = new Callers();
   readonly #tools = new Map<string, GuardedTool<Record<string, unknown>>>();
 
@@ -479,6 +481,7 @@ export class Local {
     }
     this.url = url;
     this.#throw = options.throw ?? false;
+    this.#keyPrefix = `${this.#native.tenant}:${this.#native.environment}:`;
   }
 
   get tenant(): string {
@@ -636,7 +639,7 @@ export class Local {
     if (text === null) throw new IdemgateError(`invoke ${tool}: the arguments are not JSON (a BigInt, a cycle?); nothing was recorded`);
     const leave =
       workflowId !== null && stepId !== null
-        ? this.#callers.enter(`${this.#native.tenant}:${this.#native.environment}:${workflowId}:${stepId}`)
+        ? this.#callers.enter(`${this.#keyPrefix}${workflowId}:${stepId}`)
         : null;
     let answer: string;
     try {
