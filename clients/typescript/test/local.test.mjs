@@ -273,6 +273,35 @@ describe('a tool in process', () => {
     assert.equal(ledger.effects.length, 1);
   });
 
+  test('approval: the function runs once after an operator approves, never after a denial', T, async () => {
+    const l = local();
+    const ledger = new Ledger();
+    const issue = refunds(l, ledger, { approval: { amount: [5000] } });
+    const held = await issue({ order_id: 'pi_10', amount: 5000 }, { workflowId: 'run-13', stepId: 'refund' });
+    assert.equal(held.outcome, 'in_flight');
+    assert.equal(held.awaitingApproval, true);
+    assert.equal(ledger.calls, 0);
+    const approved = await l.approve(held.operationKey, {}, { reason: 'checked the order' });
+    assert.ok(['applied', 'in_flight', 'replayed'].includes(approved.outcome), JSON.stringify(approved.body));
+    const deadline = Date.now() + 10_000;
+    let after;
+    do {
+      after = await issue({ order_id: 'pi_10', amount: 5000 }, { workflowId: 'run-13', stepId: 'refund', wait: 2 });
+    } while (after.outcome === 'in_flight' && Date.now() < deadline);
+    assert.ok(['applied', 'replayed'].includes(after.outcome), JSON.stringify(after.body));
+    assert.equal(ledger.calls, 1);
+
+    const denied = await issue({ order_id: 'pi_11', amount: 5000 }, { workflowId: 'run-14', stepId: 'refund' });
+    assert.equal((await l.deny(denied.operationKey, { reason: 'not eligible' })).outcome, 'rejected');
+    const replay = await issue({ order_id: 'pi_11', amount: 5000 }, { workflowId: 'run-14', stepId: 'refund' });
+    assert.equal(replay.outcome, 'rejected');
+    assert.equal(replay.code, 'approval_denied');
+    // Below the threshold, no approval is asked.
+    assert.equal((await issue({ order_id: 'pi_12', amount: 10 }, { workflowId: 'run-15', stepId: 'refund' })).outcome, 'applied');
+    assert.equal(ledger.calls, 2);
+    assert.equal(ledger.effects.length, 2);
+  });
+
   test('bad input is refused with a message naming what is wrong, before anything is stored', T, async () => {
     assert.throws(() => new Local('mysql://x'), /sqlite:\/\/PATH or postgres/);
     assert.throws(() => new Local(sqliteStore(), { tenant: 'a:b' }), /tenant/);
