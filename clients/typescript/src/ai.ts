@@ -115,6 +115,43 @@ export function idemgateTool<INPUT extends Record<string, unknown> = Record<stri
   });
 }
 
+/** A guarded function of `idemgate/local` (`local.tool(...)`), as `guardedTool` takes it. */
+export type GuardedFunction<INPUT> = (
+  args: INPUT,
+  options: { workflowId?: string; stepId?: string; wait?: number; throw?: boolean },
+) => Promise<Outcome>;
+
+/**
+ * A guarded function of `idemgate/local` as an AI SDK tool: the engine in this process instead of
+ * a gateway, the same identity rule and the same answers to the model as `idemgateTool`. The
+ * operation is `workflowId` plus `stepId` (a string, or a function of the validated input), never
+ * the tool call id, so a call the model proposes twice is one effect. `inputSchema` is required.
+ */
+export function guardedTool<INPUT extends Record<string, unknown> = Record<string, unknown>>(
+  guarded: GuardedFunction<INPUT>,
+  options: IdemgateToolOptions<INPUT> & { inputSchema: JSONSchema7 | Record<string, unknown> },
+): Tool<INPUT, ModelResult> {
+  const name = (guarded as { toolName?: unknown }).toolName ?? 'the guarded function';
+  if (typeof guarded !== 'function') throw new IdemgateError('guardedTool: give the function local.tool(...) returned');
+  if (!options || typeof options.workflowId !== 'string' || options.workflowId === '') {
+    throw new InvalidIdentityError(`guardedTool ${String(name)}: workflowId is required (the workflow run, from its own state)`);
+  }
+  if (options.stepId === undefined) {
+    throw new InvalidIdentityError(`guardedTool ${String(name)}: stepId is required (the workflow step the tool performs)`);
+  }
+  if (options.inputSchema === undefined) throw new IdemgateError(`guardedTool ${String(name)}: inputSchema is required`);
+  const { workflowId, stepId, description } = options;
+  const wait = options.wait ?? 10;
+  return tool<INPUT, ModelResult>({
+    ...(description !== undefined ? { description } : {}),
+    inputSchema: jsonSchema<INPUT>(options.inputSchema as JSONSchema7),
+    async execute(input: INPUT): Promise<ModelResult> {
+      const step = typeof stepId === 'function' ? stepId(input) : stepId;
+      return modelResult(await guarded(input, { workflowId, stepId: step, wait, throw: false }));
+    },
+  });
+}
+
 /** A model-safe tool name: providers accept `[A-Za-z0-9_-]`, so `tickets.create` becomes `tickets_create`. */
 export function modelToolName(name: string): string {
   return name.replace(/[^A-Za-z0-9_-]/g, '_');

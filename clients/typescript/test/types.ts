@@ -4,6 +4,7 @@
 import { Client, type Outcome, RejectedError, describeOutcome } from 'idemgate';
 import { idemgateTool, type ModelResult } from 'idemgate/ai';
 import type { Tool } from 'ai';
+import { Local, Receipt, NotSent, step, workflow } from 'idemgate/local';
 
 declare const client: Client;
 
@@ -46,3 +47,24 @@ export const aiTool: Tool<Record<string, unknown>, ModelResult> = idemgateTool(c
   stepId: 'record_issue',
   inputSchema: { type: 'object' },
 });
+
+// idemgate/local: the guarded function keeps its arguments' type and answers the same outcomes.
+
+declare const local: Local;
+
+export const issueRefund = local.tool(
+  'refunds.issue',
+  { fingerprint: ['orderId', 'amount'], lookup: (key: string) => new Receipt(key) },
+  async (args: { orderId: string; amount: number }, { idempotencyKey }) => {
+    if (args.amount <= 0) throw new NotSent('nothing to refund');
+    return new Receipt(`re_${idempotencyKey}`, { amount: args.amount });
+  },
+);
+
+export async function inProcess(): Promise<string> {
+  const o: Outcome = await workflow('run_1', () => step('refund', () => issueRefund({ orderId: 'pi_42', amount: 1200 })));
+  // @ts-expect-error the guarded function checks its arguments.
+  await issueRefund({ orderId: 42 });
+  const same: Outcome = await local.invoke('refunds.issue', { orderId: 'pi_42', amount: 1200 }, { workflowId: 'run_1', stepId: 'refund' });
+  return o.outcome === 'applied' || same.outcome === 'replayed' ? 'done' : 'other';
+}

@@ -145,10 +145,12 @@ const sha256 = (text) => createHash('sha256').update(text).digest('hex');
 /**
  * Starts a gateway over `fakeUrl` and waits until `/healthz` answers 200.
  * @param {string} fakeUrl
+ * @param {{ dir?: string }} [options]
  */
-export async function startGateway(fakeUrl) {
+export async function startGateway(fakeUrl, options = {}) {
   const bin = gatewayBinary();
-  const dir = mkdtempSync(join(tmpdir(), 'idemgate-ts-'));
+  // `options.dir`: a directory of the caller's, whose gate.sqlite the gateway then shares.
+  const dir = options.dir ?? mkdtempSync(join(tmpdir(), 'idemgate-ts-'));
   mkdirSync(join(dir, 'contracts'));
   for (const [file, text] of Object.entries(contracts(fakeUrl))) {
     writeFileSync(join(dir, 'contracts', file), text);

@@ -1,0 +1,226 @@
+//! A tool's JavaScript functions as the engine's [`Downstream`]: the tool's function is
+//! `perform`, its optional lookup `lookup_receipt`.
+//!
+//! Nothing here decides anything about claims, fences, recovery or labels: each function's
+//! answer is classified into the engine's terms ([`EffectOutcome`], [`Lookup`]) and the engine
+//! does the rest. The TypeScript side hands over *adapters* (`src/local.ts`), async functions
+//! that call the user's function, catch whatever it throws, and resolve to a JSON array saying
+//! what it did — `["committed", reference, result]`, `["not_sent", reason, retryAfter]`,
+//! `["refused", message]`, `["ambiguous", evidence]` — so every exception of the user's code is
+//! read in JavaScript, where its class and message are.
+//!
+//! Each call goes through a Node-API thread-safe function: queued onto Node's event loop from
+//! the engine's task, and its promise awaited here, on the runtime, never blocking the loop.
+//! The thread-safe functions are weak: a registered tool does not keep the process alive.
+
+use std::time::Duration;
+
+use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
+use idemgate_core::key::OperationKey;
+use idemgate_core::outcome::ErrorCode;
+use idemgate_core::record::{Receipt, Refusal};
+use idemgate_core::store::BoxFuture;
+use napi::Status;
+use napi::bindgen_prelude::{FnArgs, Promise};
+use napi::threadsafe_function::ThreadsafeFunction;
+use serde_json::Value;
+
+use crate::runtime::{futures_catch, panic_text};
+
+/// The perform adapter: `(argumentsJson, operationKey) => Promise<answerJson>`.
+pub type PerformFn = ThreadsafeFunction<
+    FnArgs<(String, String)>,
+    Promise<String>,
+    FnArgs<(String, String)>,
+    Status,
+    false,
+    true,
+>;
+/// The lookup adapter: `(operationKey) => Promise<answerJson>`.
+pub type LookupFn = ThreadsafeFunction<String, Promise<String>, String, Status, false, true>;
+
+/// Why a call of a JavaScript function gave no answer: it may have run (it did not answer in
+/// time, or its promise broke in a way that does not say how far it got).
+fn overdue(limit: Duration) -> String {
+    format!(
+        "the function did not return within its timeout of {} s",
+        limit.as_secs_f64()
+    )
+}
+
+/// Awaits an adapter's answer, up to `timeout`: the parsed JSON array, or why there is none.
+async fn answer<F>(call: F, timeout: Option<Duration>) -> Result<Vec<Value>, String>
+where
+    F: std::future::Future<Output = napi::Result<String>>,
+{
+    let text = match timeout {
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(answer) => answer,
+            Err(_) => return Err(overdue(limit)),
+        },
+        None => call.await,
+    }
+    .map_err(|e| format!("the call of the function failed: {}", e.reason))?;
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Array(items)) if items.first().is_some_and(Value::is_string) => Ok(items),
+        _ => Err("the adapter answered something that is not [kind, ...]".into()),
+    }
+}
+
+fn text(item: Option<&Value>) -> Option<String> {
+    item.and_then(Value::as_str).map(str::to_string)
+}
+
+fn retry_after(item: Option<&Value>) -> Option<u64> {
+    item.and_then(Value::as_u64)
+}
+
+/// A receipt from an answer's `reference` and `result` members; `default_reference` when the
+/// function named none (a plain JSON result).
+fn receipt(
+    items: &[Value],
+    default_reference: Option<&str>,
+    whose: &str,
+) -> Result<Receipt, String> {
+    let reference = match (text(items.get(1)), default_reference) {
+        (Some(r), _) if !r.is_empty() => r,
+        (_, Some(d)) => d.to_string(),
+        _ => return Err(format!("{whose} gave a Receipt without a reference")),
+    };
+    Ok(Receipt {
+        reference,
+        result: items.get(2).cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// What the function's adapter said it did, in the engine's terms.
+fn effect_of(items: &[Value], key: &str) -> EffectOutcome {
+    let kind = items.first().and_then(Value::as_str).unwrap_or_default();
+    match kind {
+        "committed" => match receipt(items, Some(key), "the function") {
+            Ok(receipt) => EffectOutcome::Committed(receipt),
+            // The function returned normally, so the effect may well have happened: never a
+            // release, never a refusal.
+            Err(why) => EffectOutcome::ambiguous(format!("{why}; the effect may have happened")),
+        },
+        "not_sent" => EffectOutcome::NotSent {
+            reason: text(items.get(1)).unwrap_or_else(|| "not sent".into()),
+            retry_after: retry_after(items.get(2)),
+        },
+        "refused" => EffectOutcome::Refused(Refusal {
+            code: ErrorCode::DownstreamRejected,
+            message: text(items.get(1)).unwrap_or_else(|| "refused".into()),
+        }),
+        "ambiguous" => EffectOutcome::Ambiguous {
+            reason: text(items.get(1)).unwrap_or_else(|| "the function failed".into()),
+            retry_after: retry_after(items.get(2)),
+        },
+        other => {
+            EffectOutcome::ambiguous(format!("the adapter answered an unknown kind {other:?}"))
+        }
+    }
+}
+
+fn lookup_of(items: &[Value]) -> Lookup {
+    match items.first().and_then(Value::as_str).unwrap_or_default() {
+        "found" => match receipt(items, None, "the lookup") {
+            Ok(receipt) => Lookup::Found(receipt),
+            Err(why) => Lookup::Unavailable(why),
+        },
+        "not_found" => Lookup::NotFound,
+        other => Lookup::Unavailable(text(items.get(1)).unwrap_or_else(|| other.to_string())),
+    }
+}
+
+/// A tool's functions as its downstream.
+pub struct JsEffect {
+    pub perform: PerformFn,
+    pub lookup: Option<LookupFn>,
+    /// How long the function may take before its answer counts as lost (ambiguous).
+    pub timeout: Option<Duration>,
+}
+
+/// A panic while the function's call is under way may have followed the effect: it becomes an
+/// ambiguous answer, which the engine recovers by the lookup or ends `unknown` — never a
+/// refusal, and never a panic in the engine's task.
+async fn guarded<T>(
+    future: impl std::future::Future<Output = T>,
+    on_panic: impl FnOnce(String) -> T,
+) -> T {
+    match futures_catch(future).await {
+        Ok(answer) => answer,
+        Err(panic) => {
+            let what = format!(
+                "idemgate's engine failed internally: {}",
+                panic_text(&*panic)
+            );
+            tracing::error!(panic = %what, "idemgate's binding panicked around a tool's function");
+            on_panic(what)
+        }
+    }
+}
+
+/// Debug builds only: `IDEMGATE_NODE_TEST_PANIC=after_call` panics after every call of a tool's
+/// function, so the tests can prove a panic never reaches Node and never turns a call that may
+/// have had its effect into a refusal. Release builds have no such hook.
+fn test_panic_after_call() {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_NODE_TEST_PANIC").as_deref() == Ok("after_call") {
+        panic!("IDEMGATE_NODE_TEST_PANIC=after_call");
+    }
+}
+
+impl Downstream for JsEffect {
+    fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
+        let key = request.key.to_string();
+        let arguments = request.arguments.to_string();
+        Box::pin(guarded(
+            async move {
+                let call = async {
+                    let promise = self
+                        .perform
+                        .call_async_catch((arguments, key.clone()).into())
+                        .await?;
+                    promise.await
+                };
+                let answered = answer(call, self.timeout).await;
+                test_panic_after_call();
+                match answered {
+                    Ok(items) => effect_of(&items, &key),
+                    Err(why) => EffectOutcome::ambiguous(why),
+                }
+            },
+            EffectOutcome::ambiguous,
+        ))
+    }
+
+    fn lookup_receipt<'a>(&'a self, key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
+        let key = key.to_string();
+        Box::pin(guarded(
+            async move {
+                let Some(lookup) = &self.lookup else {
+                    return Lookup::Unavailable("this tool has no lookup".into());
+                };
+                let call = async {
+                    let promise = lookup.call_async_catch(key).await?;
+                    promise.await
+                };
+                match answer(call, self.timeout).await {
+                    Ok(items) => lookup_of(&items),
+                    Err(why) => Lookup::Unavailable(why),
+                }
+            },
+            Lookup::Unavailable,
+        ))
+    }
+
+    fn poll_job<'a>(
+        &'a self,
+        _key: &'a OperationKey,
+        _job_id: &'a str,
+    ) -> BoxFuture<'a, JobStatus> {
+        Box::pin(async {
+            JobStatus::Unavailable("in-process TypeScript tools have no job poller".into())
+        })
+    }
+}
