@@ -468,7 +468,15 @@ class _LocalCore:
             raise ValueError(f"{where}: {e}") from None
         for level, rule, field, reason in findings:
             warnings.warn(ContractWarning(f"{contract}: {level} {rule} ({field}): {reason}"), stacklevel=4)
-        self._tools[name] = self._tool_class(self, name, function, signature.call)
+        tool = self._tool_class(self, name, function, signature.call)
+        # What a framework adapter shows the model: the contract's schema and purpose when the
+        # decorator gave them, else the function's type hints and docstring.
+        tool.input_schema = dict(spec["input_schema"]) if spec is not None else signature.schema
+        tool.description = (
+            (spec or {}).get("purpose") or (inspect.getdoc(function) or "").strip().split("\n\n")[0] or name
+        )
+        tool.effect_class = spec["effect_class"] if spec is not None else None
+        self._tools[name] = tool
 
     def _invoke_arguments(
         self, tool: str, arguments: Optional[Mapping[str, Any]], workflow_id: Optional[str], step_id: Optional[str]
@@ -698,11 +706,22 @@ class LocalTool:
     mapping and the identity explicitly. `function` is the function itself (calling it
     directly bypasses the engine)."""
 
+    input_schema: Mapping[str, Any]
+    """The tool's arguments as JSON Schema (the decorator's `input_schema`, else from the
+    function's type hints)."""
+    description: str
+    """The tool's purpose for a model: `description=`, else the docstring's first paragraph."""
+    effect_class: Optional[str]
+    """The decorator's effect class; None when the contract is a file."""
+
     def __init__(self, local: _LocalCore, name: str, function: Callable[..., Any], call: inspect.Signature) -> None:
         self.local = local
         self.name = name
         self.function = function
         self._call = call
+        self.input_schema = {"type": "object"}
+        self.description = name
+        self.effect_class = None
         functools.update_wrapper(self, function)
 
     def __repr__(self) -> str:

@@ -1,10 +1,13 @@
-"""A gateway tool as a LangChain tool, whose operation identity inside LangGraph comes from the
-graph's own run state.
+"""A gateway tool, or a function guarded in process, as a LangChain tool, whose operation
+identity inside LangGraph comes from the graph's own run state.
 
-    tool = as_langchain_tool(client, "tickets.create")
+    tool = as_langchain_tool(client, "tickets.create")     # through the gateway
+    tool = as_langchain_tool(issue_refund)                  # a @local.tool function, in process
 
-The tool's name, description and argument schema come from `GET /v1/tools/{tool}`. When it
-runs, its identity is, in order:
+The tool's name, description and argument schema come from `GET /v1/tools/{tool}`, or for a
+guarded function from its decorator (`input_schema=`, `description=`) or its type hints and
+docstring; in process the call runs the engine of the function's `Local` (an `AsyncLocal`'s
+tool is called with `ainvoke`). When it runs, its identity is, in order:
 
 1. the explicit scope, which wins: `with idemgate.workflow(run_id):` (and `idemgate.step(...)`
    when given; without one, the step below is used);
@@ -45,8 +48,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from pydantic import PrivateAttr
 
 from . import _identity
-from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
+from ._adapters import AnyClient, StepOf, ToolSource, invoke_from_async, invoke_options, model_name, source
 from ._client import AsyncClient, Client, RaiseOn
+from ._local import Local
 from ._model_text import outcome_text
 from ._models import ToolInfo
 from ._outcomes import MissingIdentityError, Outcome
@@ -150,10 +154,10 @@ class IdemgateTool(BaseTool):
 
     def _run(self, config: RunnableConfig, **arguments: Any) -> tuple[str, dict[str, Any]]:
         client = self._client
-        if not isinstance(client, Client):
+        if not isinstance(client, (Client, Local)):
             raise TypeError(
-                f"the tool {self.name} wraps an AsyncClient: call it with `ainvoke`, or build it "
-                "from an idemgate.Client"
+                f"the tool {self.name} wraps an {type(client).__name__}: call it with `ainvoke`, "
+                "or build it from an idemgate.Client or a Local's tool"
             )
         outcome = client.invoke(self._tool, arguments, **self._options(config, arguments))
         return self._answer(outcome)
@@ -164,8 +168,8 @@ class IdemgateTool(BaseTool):
 
 
 def as_langchain_tool(
-    client: AnyClient,
-    tool_name: str,
+    client: ToolSource,
+    tool_name: Optional[str] = None,
     *,
     info: Optional[ToolInfo] = None,
     name: Optional[str] = None,
@@ -174,22 +178,23 @@ def as_langchain_tool(
     wait: Optional[float] = None,
     raise_on: Optional[RaiseOn] = None,
 ) -> IdemgateTool:
-    """A LangChain `BaseTool` for the gateway tool `tool_name`.
+    """A LangChain `BaseTool` for the gateway tool `tool_name`, or for a function guarded in
+    process (`as_langchain_tool(local_tool)`, with no `tool_name`).
 
     `info` is the tool's description (`client.tool(tool_name)`), fetched here when not given;
     with an `AsyncClient`, pass it or use `as_langchain_tool_async`. `name` defaults to the
-    gateway name with dots as underscores, `description` to the gateway's model-facing text.
+    tool's name with dots as underscores, `description` to its model-facing text.
     `step` is the step suffix (see the module's doc); `wait` is sent as `Prefer: wait=N`, so a
     call that finds its own operation still in flight (a resumed run) waits for it to settle.
     `raise_on` is passed to `invoke` (by default every outcome is returned to the model).
     """
-    info = tool_info(client, tool_name, info, "as_langchain_tool_async")
+    invoker, info = source(client, tool_name, info, "as_langchain_tool_async")
     tool = IdemgateTool(
         name=name or model_name(info.name),
         description=description or info.description,
         args_schema=dict(info.input_schema),
     )
-    tool._client = client
+    tool._client = invoker
     tool._tool = info.name
     tool._step = step
     tool._wait = wait

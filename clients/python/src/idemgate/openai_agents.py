@@ -1,7 +1,8 @@
-"""A gateway tool as an OpenAI Agents SDK `FunctionTool`, whose operation identity comes from the
-run, never from the model.
+"""A gateway tool, or a function guarded in process, as an OpenAI Agents SDK `FunctionTool`,
+whose operation identity comes from the run, never from the model.
 
-    tool = function_tool(client, "tickets.create")
+    tool = function_tool(client, "tickets.create")     # through the gateway
+    tool = function_tool(issue_refund)                  # a @local.tool function, in process
     agent = Agent(name="support", tools=[tool], ...)
     await Runner.run(agent, text, context=RunIdentity("run_827"))
 
@@ -44,7 +45,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from . import _identity
-from ._adapters import AnyClient, StepOf, invoke_from_async, invoke_options, model_name, tool_info
+from ._adapters import StepOf, ToolSource, invoke_from_async, invoke_options, model_name, source
 from ._client import AsyncClient
 from ._model_text import outcome_text, transport_text
 from ._models import ToolInfo
@@ -95,8 +96,8 @@ def identity_for(
 
 
 def function_tool(
-    client: AnyClient,
-    tool_name: str,
+    client: ToolSource,
+    tool_name: Optional[str] = None,
     *,
     info: Optional[ToolInfo] = None,
     name: Optional[str] = None,
@@ -105,7 +106,9 @@ def function_tool(
     wait: Optional[float] = None,
     resend_attempts: int = 1,
 ) -> FunctionTool:
-    """An `agents.FunctionTool` for the gateway tool `tool_name`.
+    """An `agents.FunctionTool` for the gateway tool `tool_name`, or for a function guarded in
+    process (`function_tool(local_tool)`, with no `tool_name`: the function runs under its
+    `Local`'s engine, and an ambiguous failure is settled by its lookup or answered `unknown`).
 
     `info` is the tool's description (`client.tool(tool_name)`), fetched here when not given
     (with an `AsyncClient`, pass it or use `function_tool_async`). `wait` is sent as
@@ -114,7 +117,7 @@ def function_tool(
     gateway's answer is lost (`invoke_resending`); by default the model is told and may call
     again, which is the same operation.
     """
-    info = tool_info(client, tool_name, info, "function_tool_async")
+    invoker, info = source(client, tool_name, info, "function_tool_async")
     gateway_name = info.name
 
     async def invoke(ctx: RunContextWrapper[Any], raw: str) -> str:
@@ -131,7 +134,7 @@ def function_tool(
         identity = identity_for(gateway_name, ctx, arguments, step)
         try:
             outcome = await invoke_from_async(
-                client, gateway_name, arguments, invoke_options(identity, wait, ()), resend_attempts
+                invoker, gateway_name, arguments, invoke_options(identity, wait, ()), resend_attempts
             )
         except TransportError as e:
             return transport_text(e)
