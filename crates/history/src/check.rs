@@ -17,8 +17,11 @@ pub enum Check {
     WrongReference,
     /// A `safe_to_repeat: true` answer for a key that had an effect, before or after it.
     UnsafeRepeat,
-    /// `unknown` for a key no perform request of which ever reached the downstream: the
-    /// receipt lookup (or the deduplicating resend) could have proved it never ran.
+    /// `unknown` for a key no perform request of which ever reached the downstream, where
+    /// the gateway could have proved it never ran: for a deduplicating tool always (recovery
+    /// resends under the key); for one that does not deduplicate unless a process died or the
+    /// database failed while the key was being delivered (then the durable "sending" mark may
+    /// have been written with no request behind it, and a lookup miss proves nothing).
     NeedlessUnknown,
     /// After the workload stopped and recovery ran, the key is still in flight (or could not
     /// be read).
@@ -122,6 +125,9 @@ impl fmt::Display for Report {
 
 #[derive(Default)]
 struct KeyView<'a> {
+    tool: Option<&'a str>,
+    first_invoke: Option<u64>,
+    first_unknown: Option<u64>,
     effects: Vec<&'a str>,
     arrivals: usize,
     invoked: bool,
@@ -135,19 +141,33 @@ fn is_success(outcome: &str) -> bool {
     outcome == "applied" || outcome == "replayed"
 }
 
+/// The member of the `meta` entry's settings that lists the tools whose downstream does not
+/// deduplicate on the key.
+pub const NON_DEDUPLICATING: &str = "non_deduplicating";
+
 /// Checks a whole history.
 pub fn check(entries: &[Entry]) -> Report {
     let mut report = Report::default();
     let mut keys: BTreeMap<&str, KeyView> = BTreeMap::new();
     let mut any_final = false;
+    let mut non_dedup: BTreeSet<&str> = BTreeSet::new();
+    let mut disruptions: Vec<u64> = Vec::new();
     for entry in entries {
         match entry {
-            Entry::Meta { .. } => {}
-            Entry::Invoke { key, .. } => {
+            Entry::Meta { settings, .. } => {
+                if let Some(tools) = settings[NON_DEDUPLICATING].as_array() {
+                    non_dedup.extend(tools.iter().filter_map(|t| t.as_str()));
+                }
+            }
+            Entry::Invoke { key, tool, at, .. } => {
                 report.calls += 1;
-                keys.entry(key).or_default().invoked = true;
+                let view = keys.entry(key).or_default();
+                view.invoked = true;
+                view.tool.get_or_insert(tool);
+                view.first_invoke.get_or_insert(*at);
             }
             Entry::Answer {
+                at,
                 key,
                 outcome,
                 reference,
@@ -157,11 +177,12 @@ pub fn check(entries: &[Entry]) -> Report {
                 let label = outcome.as_deref().unwrap_or("no_answer");
                 *report.answers.entry(label.to_string()).or_default() += 1;
                 if let Some(outcome) = outcome {
-                    keys.entry(key).or_default().answers.push((
-                        outcome,
-                        reference.as_deref(),
-                        *safe_to_repeat,
-                    ));
+                    let view = keys.entry(key).or_default();
+                    if outcome == "unknown" {
+                        view.first_unknown.get_or_insert(*at);
+                    }
+                    view.answers
+                        .push((outcome, reference.as_deref(), *safe_to_repeat));
                 }
             }
             Entry::Arrival { key, .. } => {
@@ -172,8 +193,12 @@ pub fn check(entries: &[Entry]) -> Report {
                 report.effects += 1;
                 keys.entry(key).or_default().effects.push(reference);
             }
-            Entry::Nemesis { .. } => report.nemesis += 1,
+            Entry::Nemesis { at, .. } => {
+                report.nemesis += 1;
+                disruptions.push(*at);
+            }
             Entry::Final {
+                at,
                 key,
                 outcome,
                 reference,
@@ -181,11 +206,12 @@ pub fn check(entries: &[Entry]) -> Report {
                 ..
             } => {
                 any_final = true;
-                keys.entry(key).or_default().finals.push((
-                    outcome.as_deref(),
-                    reference.as_deref(),
-                    error.as_deref(),
-                ));
+                let view = keys.entry(key).or_default();
+                if outcome.as_deref() == Some("unknown") {
+                    view.first_unknown.get_or_insert(*at);
+                }
+                view.finals
+                    .push((outcome.as_deref(), reference.as_deref(), error.as_deref()));
             }
         }
     }
@@ -260,7 +286,14 @@ pub fn check(entries: &[Entry]) -> Report {
                 );
             }
         }
-        if view.arrivals == 0 {
+        // A process or the database died while the key was being delivered: for a tool
+        // that does not deduplicate, its "sending" mark may have no request behind it.
+        let disrupted = match (view.first_invoke, view.first_unknown) {
+            (Some(from), Some(to)) => disruptions.iter().any(|t| *t >= from && *t <= to),
+            _ => true,
+        };
+        let provable = !view.tool.is_some_and(|t| non_dedup.contains(t)) || !disrupted;
+        if view.arrivals == 0 && provable {
             let unknowns = view
                 .answers
                 .iter()
@@ -453,6 +486,33 @@ mod tests {
         assert!(check(&reached).ok());
         let final_unknown = [invoke(1), final_read(Some("unknown"), None, None)];
         assert_eq!(fired(&final_unknown), [Check::NeedlessUnknown]);
+    }
+
+    #[test]
+    fn unknown_without_arrival_is_excused_only_for_a_tool_without_dedup_that_lost_a_process() {
+        let meta = Entry::Meta {
+            seed: 1,
+            settings: serde_json::json!({NON_DEDUPLICATING: ["h.dedup"]}),
+        };
+        let kill = |at| Entry::Nemesis {
+            at,
+            what: "SIGKILL gateway 0".into(),
+        };
+        // invoke at 1, unknown answered at 1: a kill at 1 lies inside the delivery.
+        let excused = [
+            meta.clone(),
+            invoke(1),
+            kill(1),
+            answer(1, "unknown", None, false),
+        ];
+        assert!(check(&excused).ok());
+        let no_kill = [meta.clone(), invoke(1), answer(1, "unknown", None, false)];
+        assert_eq!(fired(&no_kill), [Check::NeedlessUnknown]);
+        let kill_after = [meta, invoke(1), answer(1, "unknown", None, false), kill(50)];
+        assert_eq!(fired(&kill_after), [Check::NeedlessUnknown]);
+        // Without the meta entry's list every tool deduplicates: no excuse.
+        let dedup = [invoke(1), kill(1), answer(1, "unknown", None, false)];
+        assert_eq!(fired(&dedup), [Check::NeedlessUnknown]);
     }
 
     #[test]

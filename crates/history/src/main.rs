@@ -52,6 +52,12 @@ struct RunArgs {
     /// Restart this PostgreSQL cluster (`VERSION NAME`) once mid-run.
     #[arg(long)]
     pg_restart: Option<String>,
+    /// Run a shell command once, this many seconds into the run (with --exec).
+    #[arg(long, value_parser = seconds, requires = "exec")]
+    exec_at: Option<Duration>,
+    /// The command --exec-at runs (`sh -c`), recorded as a nemesis action.
+    #[arg(long, requires = "exec_at")]
+    exec: Option<String>,
     /// Share of perform requests the fake answers with a fault.
     #[arg(long, default_value_t = 0.25)]
     fault_rate: f64,
@@ -159,6 +165,8 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 kill_every,
                 store_url,
                 pg_restart,
+                exec_at,
+                exec,
                 fault_rate,
                 mcp_share,
                 overlap_job_ids,
@@ -191,6 +199,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             settings.kill_every = kill_every;
             settings.store_url = store_url;
             settings.pg_restart = pg_restart;
+            settings.exec_at = exec_at.zip(exec);
             settings.fake.fault_rate = fault_rate;
             settings.mcp_share = mcp_share.clamp(0.0, 1.0);
             settings.fake.overlap_job_ids = overlap_job_ids;

@@ -44,6 +44,11 @@ pub struct Settings {
     pub pg_restart: Option<String>,
     /// Share of deliveries through `/mcp` (the rest through API v1).
     pub mcp_share: f64,
+    /// The tools whose downstream does not deduplicate on the key (the checker reads it).
+    pub non_deduplicating: Vec<String>,
+    /// A shell command run once at this offset into the run, recorded as a nemesis action
+    /// (`scripts/pg-failover` kills the primary and promotes the standby with it).
+    pub exec_at: Option<(Duration, String)>,
     pub webhooks: bool,
     /// Name the job tools in the webhook source (`tools = [...]`, DESIGN §12).
     pub webhook_tools: bool,
@@ -68,6 +73,8 @@ impl Settings {
             kill_every: Duration::from_secs(8),
             pg_restart: None,
             mcp_share: 0.3,
+            non_deduplicating: vec!["h.lookup".into()],
+            exec_at: None,
             webhooks: true,
             webhook_tools: false,
             fake: FakeSettings {
@@ -596,6 +603,28 @@ async fn nemesis(
     Ok(())
 }
 
+/// Runs the `exec_at` command at its time, recorded before and after.
+async fn exec_at(world: Arc<World>, at: Duration, command: String) {
+    tokio::time::sleep(at).await;
+    let record = |what: String| {
+        eprintln!("history: nemesis: {what}");
+        world.recorder.record(&Entry::Nemesis {
+            at: world.recorder.now(),
+            what,
+        });
+    };
+    record(format!("exec: {command}"));
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&command)
+        .status()
+        .await;
+    match status {
+        Ok(status) => record(format!("exec done: {status}")),
+        Err(e) => record(format!("exec failed to start: {e}")),
+    }
+}
+
 /// Reads every key's record until none is in flight (or the settle time is up) and records the
 /// last read of each.
 async fn settle(world: &World) {
@@ -753,7 +782,14 @@ async fn run_on(settings: &Settings, recorder: &Recorder, store: &str) -> anyhow
         .map(|i| tokio::spawn(client(world.clone(), i)))
         .collect();
     let chaos = tokio::spawn(nemesis(world.clone(), gateways.clone()));
+    let exec = settings
+        .exec_at
+        .clone()
+        .map(|(at, command)| tokio::spawn(exec_at(world.clone(), at, command)));
     tokio::time::sleep(settings.duration).await;
+    if let Some(exec) = exec {
+        let _ = exec.await;
+    }
     world.stop.store(true, Ordering::Relaxed);
     let nemesis_result = chaos.await;
     for c in clients {
