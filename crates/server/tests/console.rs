@@ -662,3 +662,70 @@ async fn an_operator_the_recheck_denies_sees_no_arguments_or_result() {
     assert_eq!(status_of(&e, &applied).await, RecordStatus::Applied);
     assert_eq!(status_of(&e, &unknown).await, RecordStatus::Unknown);
 }
+
+/// Regression (issue 31): the same-origin check compared `Origin` with `Host`, so behind a
+/// proxy (the browser at the public URL, the gateway at the proxy's upstream address) every
+/// form was refused. With `public_url` configured, `Origin` is held to it; without, to `Host`.
+#[tokio::test]
+async fn the_same_origin_check_follows_the_public_url_when_set() {
+    let behind = |public: Option<&str>| {
+        let mut fakes = Fakes::new();
+        let tools = fakes.tools();
+        let state = Gateway::new(Arc::new(MemStore::new()), tools, tokens())
+            .clock(Arc::new(ManualClock::new(EPOCH)))
+            .environment(ENV)
+            .public_url(public.map(|u| idemgate_server::problems::ProblemBase::parse(u).unwrap()))
+            .build();
+        idemgate_server::router(state)
+    };
+    let sign_in_from = |origin: &str, host: &str| {
+        Call::post(
+            "/console/sign-in",
+            "",
+            format!("token={}", encode(OPERATOR)).into_bytes(),
+        )
+        .anonymous()
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("host", host.to_string())
+        .header("origin", origin.to_string())
+        .header("sec-fetch-site", "same-origin")
+    };
+    let proxied = behind(Some("https://ops.example.com/idemgate"));
+    // The browser at the public URL, the request's Host the proxy's upstream: accepted.
+    let r = route(
+        &proxied,
+        sign_in_from("https://ops.example.com", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    assert!(r.header("set-cookie").is_some());
+    // An origin that matches the Host but not the public URL: refused, with no session.
+    let r = route(
+        &proxied,
+        sign_in_from("http://127.0.0.1:8080", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(
+        r.text.contains("public_url is https://ops.example.com"),
+        "{}",
+        r.text
+    );
+    assert!(r.header("set-cookie").is_none());
+
+    // No public URL: the Host decides.
+    let direct = behind(None);
+    let r = route(
+        &direct,
+        sign_in_from("http://127.0.0.1:8080", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    let r = route(
+        &direct,
+        sign_in_from("https://ops.example.com", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.header("set-cookie").is_none());
+}
