@@ -157,6 +157,10 @@ impl Config {
                 "body_bytes must be at least 64, json_depth at least 2, key_part_bytes at least 1",
             ));
         }
+        for (name, source) in &self.webhooks {
+            crate::webhooks::tolerance_within_retention(source)
+                .map_err(|m| file.error(&format!("webhooks.{name}"), m))?;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for tenant in &self.tenants {
             for token in &tenant.tokens {
@@ -209,6 +213,18 @@ mod tests {
                       job_id_pointer = \"/id\"\noutcome_pointer = \"/type\"\n\
                       success = [\"done\"]\nreference_pointer = \"/ref\"\n";
         check(source, Ok(()));
+        // Regression (issue 31): a tolerance longer than the dedup retention is refused at
+        // load, naming the source; equal is accepted.
+        check(
+            &format!("\n{source}tolerance = \"2h\"\nretention = \"1h\"\n"),
+            Err(
+                "gate.toml:2: field `webhooks.jobs`: tolerance 2h is longer than retention 1h: an event replayed after its id is forgotten would still carry an accepted timestamp and be acted on again; set tolerance at most retention",
+            ),
+        );
+        check(
+            &format!("{source}tolerance = \"1h\"\nretention = \"1h\"\n"),
+            Ok(()),
+        );
         let typo = format!("{source}retention_days = 3\n");
         let e = parse(&typo).unwrap_err().to_string();
         assert!(e.contains("unknown field `retention_days`"), "{e}");

@@ -283,6 +283,25 @@ fn next_action_name(n: NextAction) -> &'static str {
     }
 }
 
+/// `scheme://host[:port]` of an http(s) URL or origin, lower case, without a path and without
+/// the scheme's default port; `None` for anything else.
+pub(crate) fn normal_origin(url: &str) -> Option<String> {
+    let lower = url.to_ascii_lowercase();
+    let (scheme, rest, default_port) = if let Some(rest) = lower.strip_prefix("https://") {
+        ("https", rest, ":443")
+    } else if let Some(rest) = lower.strip_prefix("http://") {
+        ("http", rest, ":80")
+    } else {
+        return None;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.strip_suffix(default_port).unwrap_or(authority);
+    if authority.is_empty() {
+        return None;
+    }
+    Some(format!("{scheme}://{authority}"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The base of problem type URIs.
 
@@ -329,6 +348,12 @@ impl ProblemBase {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The web origin of the public URL (`scheme://host[:port]`, lower case, a default port
+    /// dropped), as a browser sends it in `Origin`; `None` for a relative base.
+    pub fn origin(&self) -> Option<String> {
+        normal_origin(&self.0)
     }
 
     /// The `type` of a problem with this code.

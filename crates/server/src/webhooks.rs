@@ -157,6 +157,22 @@ impl Sources {
     }
 }
 
+/// An event id is remembered for `retention`; a timestamp is accepted for `tolerance`. With a
+/// tolerance longer than the retention, a captured event replayed after its id was forgotten
+/// but while its timestamp is still accepted would pass both checks and act again (issue 31),
+/// so the configuration is refused when it is read.
+pub(crate) fn tolerance_within_retention(c: &SourceConfig) -> Result<(), String> {
+    if c.tolerance.0 > c.retention.0 {
+        return Err(format!(
+            "tolerance {} is longer than retention {}: an event replayed after its id is \
+             forgotten would still carry an accepted timestamp and be acted on again; set \
+             tolerance at most retention",
+            c.tolerance, c.retention
+        ));
+    }
+    Ok(())
+}
+
 fn check(name: &str, c: &SourceConfig) -> Result<(), String> {
     let part_ok =
         |s: &str| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b':');
@@ -193,6 +209,7 @@ fn check(name: &str, c: &SourceConfig) -> Result<(), String> {
                 .into(),
         );
     }
+    tolerance_within_retention(c)?;
     let pointers = [
         ("job_id_pointer", c.job_id_pointer.as_deref()),
         ("key_pointer", c.key_pointer.as_deref()),

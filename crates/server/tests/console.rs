@@ -596,3 +596,136 @@ async fn queues_of_claims_past_their_lease_and_of_jobs() {
     assert!(jobs.text.contains(&format!("acme:{ENV}:job:s")));
     assert!(!jobs.text.contains(&format!("acme:{ENV}:stuck:s")));
 }
+
+/// Regression (issue 31): the console's page of an operation showed its arguments and result
+/// to an operator whom the authorization recheck refuses, while API v1 answers 403 for the
+/// same read. Now the page shows the state but hides both, and says why.
+#[tokio::test]
+async fn an_operator_the_recheck_denies_sees_no_arguments_or_result() {
+    let e = env();
+    let applied = route(
+        &e.app,
+        invoke(
+            "notes.append",
+            AGENT,
+            json!({"workflow_id": "hide", "step_id": "s1", "arguments": {"text": "applied note"}}),
+        ),
+    )
+    .await;
+    assert_eq!(applied.outcome(), "applied", "{}", applied.text);
+    let applied = OperationKey::parse(&format!("acme:{ENV}:hide:s1")).unwrap();
+    let unknown = seed_unknown(&e, "hide-unknown").await;
+    assert_eq!(e.fakes.fake("notes.append").effects(), 2);
+    let me = sign_in(&e.app, OPERATOR).await;
+
+    // Allowed: the result of the applied one and the arguments of the unknown one are shown,
+    // so their absence below is the recheck, not a page that never shows them.
+    let page = route(&e.app, get(op_path(applied.as_str()), &me.cookie)).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(page.text.contains("ticket_id"), "{}", page.text);
+    assert!(!page.text.contains("id=\"hidden\""));
+    let page = route(&e.app, get(op_path(unknown.as_str()), &me.cookie)).await;
+    assert!(page.text.contains("alert(1)"), "{}", page.text);
+    assert!(!page.text.contains("id=\"hidden\""));
+
+    e.fakes
+        .hook
+        .set(idemgate_core::effect::Authorization::Denied(
+            "operator suspended".into(),
+        ));
+    for key in [&applied, &unknown] {
+        let api = route(
+            &e.app,
+            Call::get(format!("/v1/operations/{}", key.as_str()), OPERATOR),
+        )
+        .await;
+        assert_eq!(api.status, 403, "{}", api.text);
+        let page = route(&e.app, get(op_path(key.as_str()), &me.cookie)).await;
+        assert_eq!(page.status, 200, "{}", page.text);
+        assert!(page.text.contains("id=\"hidden\""), "{}", page.text);
+        assert!(page.text.contains("operator suspended"), "{}", page.text);
+        assert!(!page.text.contains("ticket_id"), "{}", page.text);
+        assert!(!page.text.contains("alert(1)"), "{}", page.text);
+        assert!(!page.text.contains("applied note"), "{}", page.text);
+    }
+    // A hook that cannot answer hides them too (closed, as every other read).
+    e.fakes
+        .hook
+        .set(idemgate_core::effect::Authorization::Unavailable(
+            "hook down".into(),
+        ));
+    let page = route(&e.app, get(op_path(applied.as_str()), &me.cookie)).await;
+    assert!(page.text.contains("id=\"hidden\""), "{}", page.text);
+    assert!(!page.text.contains("ticket_id"), "{}", page.text);
+    // Reading changed nothing and sent nothing.
+    assert_eq!(e.fakes.fake("notes.append").effects(), 2);
+    assert_eq!(status_of(&e, &applied).await, RecordStatus::Applied);
+    assert_eq!(status_of(&e, &unknown).await, RecordStatus::Unknown);
+}
+
+/// Regression (issue 31): the same-origin check compared `Origin` with `Host`, so behind a
+/// proxy (the browser at the public URL, the gateway at the proxy's upstream address) every
+/// form was refused. With `public_url` configured, `Origin` is held to it; without, to `Host`.
+#[tokio::test]
+async fn the_same_origin_check_follows_the_public_url_when_set() {
+    let behind = |public: Option<&str>| {
+        let mut fakes = Fakes::new();
+        let tools = fakes.tools();
+        let state = Gateway::new(Arc::new(MemStore::new()), tools, tokens())
+            .clock(Arc::new(ManualClock::new(EPOCH)))
+            .environment(ENV)
+            .public_url(public.map(|u| idemgate_server::problems::ProblemBase::parse(u).unwrap()))
+            .build();
+        idemgate_server::router(state)
+    };
+    let sign_in_from = |origin: &str, host: &str| {
+        Call::post(
+            "/console/sign-in",
+            "",
+            format!("token={}", encode(OPERATOR)).into_bytes(),
+        )
+        .anonymous()
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("host", host.to_string())
+        .header("origin", origin.to_string())
+        .header("sec-fetch-site", "same-origin")
+    };
+    let proxied = behind(Some("https://ops.example.com/idemgate"));
+    // The browser at the public URL, the request's Host the proxy's upstream: accepted.
+    let r = route(
+        &proxied,
+        sign_in_from("https://ops.example.com", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    assert!(r.header("set-cookie").is_some());
+    // An origin that matches the Host but not the public URL: refused, with no session.
+    let r = route(
+        &proxied,
+        sign_in_from("http://127.0.0.1:8080", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(
+        r.text.contains("public_url is https://ops.example.com"),
+        "{}",
+        r.text
+    );
+    assert!(r.header("set-cookie").is_none());
+
+    // No public URL: the Host decides.
+    let direct = behind(None);
+    let r = route(
+        &direct,
+        sign_in_from("http://127.0.0.1:8080", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    let r = route(
+        &direct,
+        sign_in_from("https://ops.example.com", "127.0.0.1:8080"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.header("set-cookie").is_none());
+}

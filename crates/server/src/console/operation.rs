@@ -7,6 +7,11 @@
 //! Each action goes through the executor's operator methods, as API v1's do, with the signed-in
 //! token's holder as actor.
 //!
+//! Reading the page rechecks the operator with the tool's authorization hook, as API v1's
+//! `GET /v1/operations/{key}` does: an operator it refuses (or a hook that cannot answer)
+//! still sees the record's state and timeline, but its arguments and result are hidden, and
+//! the page says so and why.
+//!
 //! Every form carries the record's attempt (fence), status and creation instant (`claimed_at`,
 //! which life of the key: a key purged and claimed again starts at attempt 1 again) as the page
 //! showed them; an action on a record that has changed since is refused with the record as it
@@ -33,6 +38,9 @@ use crate::api::Segment;
 use crate::auth::Session;
 use crate::state::AppState;
 use idemgate_app::Tool;
+
+/// What stands in for a stored value the authorization recheck refused this operator.
+const HIDDEN: &str = "(hidden: the authorization recheck refused this read)";
 
 /// The longest reason kept, in characters (as API v1's deny).
 pub const MAX_REASON: usize = 500;
@@ -97,6 +105,9 @@ struct Page {
     /// The pending claim's lease, or the approval's deadline: (label, text).
     lease: Option<(&'static str, String)>,
     arguments: Option<String>,
+    /// Set when the authorization recheck refused this operator the stored arguments and
+    /// result (API v1 answers 403 for the same read): why, as the hook said it.
+    hidden: Option<String>,
     receipt: Option<Receipt>,
     refusal: Option<String>,
     now: Now,
@@ -232,7 +243,9 @@ async fn render(
     };
     let tool = state.tools().get(&record.tool);
     // The outcome a caller gets now, read as API v1's status read (a job is polled).
-    let (record, outcome) = match state
+    // A denied reader (or a hook that cannot answer: closed) still sees the record's state, so
+    // it can be reconciled, but not what the caller sent or what the downstream returned.
+    let (record, outcome, hidden) = match state
         .executor()
         .status(
             tool.as_ref().map(|t| t.contract.as_ref()),
@@ -242,8 +255,15 @@ async fn render(
         )
         .await
     {
-        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
-        Ok(Some(StatusRead::Denied(outcome))) => (record, outcome),
+        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome, None),
+        Ok(Some(StatusRead::Denied(outcome))) => {
+            let why = outcome
+                .error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.code.as_str(), e.message))
+                .unwrap_or_else(|| "the authorization recheck refused this read".into());
+            (record, outcome, Some(why))
+        }
         Ok(None) => return gone(key),
         Err(e) => return store_down(&e),
     };
@@ -258,7 +278,10 @@ async fn render(
         RecordState::Applied(r) => (
             Some(Receipt {
                 reference: r.reference.clone(),
-                result: view::pretty(&r.result),
+                result: match &hidden {
+                    Some(_) => HIDDEN.into(),
+                    None => view::pretty(&r.result),
+                },
             }),
             None,
             None,
@@ -351,7 +374,11 @@ async fn render(
         created: When::of(record.created_at, now),
         updated: When::of(record.updated_at, now),
         lease,
-        arguments: record.request.as_ref().map(view::pretty),
+        arguments: match &hidden {
+            Some(_) => None,
+            None => record.request.as_ref().map(view::pretty),
+        },
+        hidden,
         receipt,
         refusal,
         now: describe(&outcome),

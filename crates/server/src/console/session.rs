@@ -97,7 +97,7 @@ fn session_cookie(id: &str, max_age: u64, secure: bool) -> String {
 /// page's origin in `Origin` and how it relates to the target in `Sec-Fetch-Site`; when it
 /// sends either, it must say this origin. A client that sends neither (not a browser) is held
 /// to the CSRF token alone.
-pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+pub(crate) fn same_origin(headers: &HeaderMap, public: Option<&str>) -> Result<(), String> {
     for name in ["sec-fetch-site", "origin"] {
         if headers.get_all(name).iter().count() > 1 {
             return Err(format!("The form arrived with more than one {name} header"));
@@ -113,20 +113,50 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> Result<(), String> {
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        let named = origin
-            .strip_prefix("http://")
-            .or_else(|| origin.strip_prefix("https://"));
-        if host.is_empty() || named != Some(host) {
+        let sent = crate::problems::normal_origin(origin);
+        // Behind a proxy the request's Host is the proxy's upstream, not what the browser
+        // showed: the configured public URL is then the gateway's origin. Without one, the
+        // gateway is reached directly and its Host is what the browser addressed.
+        let matches = match public {
+            Some(public) => sent.as_deref() == Some(public),
+            None => {
+                let host = headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("")
+                    .to_ascii_lowercase();
+                let named = sent.as_deref().and_then(|o| {
+                    o.strip_prefix("http://")
+                        .or_else(|| o.strip_prefix("https://"))
+                });
+                !host.is_empty()
+                    && named.is_some_and(|n| {
+                        n == host
+                            || Some(n) == host.strip_suffix(":80")
+                            || Some(n) == host.strip_suffix(":443")
+                    })
+            }
+        };
+        if !matches {
+            let theirs = match public {
+                Some(public) => format!("this gateway's public_url is {public}"),
+                None => "not this gateway's Host".to_string(),
+            };
             return Err(format!(
-                "The form was sent from another origin ({origin}, not this gateway's)"
+                "The form was sent from another origin ({origin}; {theirs})"
             ));
         }
     }
     Ok(())
+}
+
+/// The origin of the configured `public_url`, if any.
+fn public_origin(state: &AppState) -> Option<String> {
+    state
+        .inner()
+        .problem_base
+        .as_ref()
+        .and_then(|base| base.origin())
 }
 
 /// Compares two CSRF tokens without an early exit.
@@ -147,7 +177,7 @@ pub(crate) fn check_post(
     headers: &HeaderMap,
     csrf: Option<&str>,
 ) -> Result<Session, Response> {
-    if let Err(why) = same_origin(headers) {
+    if let Err(why) = same_origin(headers, public_origin(state).as_deref()) {
         return Err(forged(why));
     }
     let session = session_of(state, headers).map_err(to_sign_in)?;
@@ -214,7 +244,7 @@ pub async fn sign_in(
     headers: HeaderMap,
     form: Result<Form<SignInForm>, FormRejection>,
 ) -> Response {
-    if let Err(why) = same_origin(&headers) {
+    if let Err(why) = same_origin(&headers, public_origin(&state).as_deref()) {
         return forged(why);
     }
     let Ok(Form(form)) = form else {
@@ -286,19 +316,55 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
         assert!(
-            same_origin(&h).is_ok(),
+            same_origin(&h, None).is_ok(),
             "no browser headers: the token decides"
         );
         h.insert(header::ORIGIN, "http://127.0.0.1:8080".parse().unwrap());
         h.insert("sec-fetch-site", "same-origin".parse().unwrap());
-        assert!(same_origin(&h).is_ok());
+        assert!(same_origin(&h, None).is_ok());
         h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
-        assert!(same_origin(&h).is_err());
+        assert!(same_origin(&h, None).is_err());
         h.insert(header::ORIGIN, "null".parse().unwrap());
-        assert!(same_origin(&h).is_err());
+        assert!(same_origin(&h, None).is_err());
         h.remove(header::ORIGIN);
         h.insert("sec-fetch-site", "cross-site".parse().unwrap());
-        assert!(same_origin(&h).is_err());
+        assert!(same_origin(&h, None).is_err());
+    }
+
+    /// Regression (issue 31): behind a proxy the Host is the proxy's upstream; with a
+    /// configured public URL the browser's Origin is held to it instead.
+    #[test]
+    fn origin_behind_a_proxy_is_the_public_url() {
+        let public = crate::problems::ProblemBase::parse("https://Gateway.Example:443/idemgate/")
+            .unwrap()
+            .origin()
+            .unwrap();
+        assert_eq!(public, "https://gateway.example");
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "10.0.0.7:8080".parse().unwrap());
+        h.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        h.insert(header::ORIGIN, "https://gateway.example".parse().unwrap());
+        assert!(same_origin(&h, Some(&public)).is_ok());
+        assert!(
+            same_origin(&h, None).is_err(),
+            "by Host it is another origin"
+        );
+        for other in [
+            "http://gateway.example",
+            "https://gateway.example:8443",
+            "https://evil.example",
+            "http://10.0.0.7:8080",
+            "null",
+        ] {
+            h.insert(header::ORIGIN, other.parse().unwrap());
+            let refused = same_origin(&h, Some(&public)).unwrap_err();
+            assert!(
+                refused.contains("public_url is https://gateway.example"),
+                "{other}: {refused}"
+            );
+        }
+        // Without Origin and Sec-Fetch-Site (not a browser) the CSRF token decides, as before.
+        assert!(same_origin(&HeaderMap::new(), Some(&public)).is_ok());
     }
 
     #[test]
