@@ -58,7 +58,7 @@ use idemgate_core::store::{
     Transition, Waiting, WaitingOn,
 };
 use idemgate_core::trace;
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -1047,12 +1047,11 @@ impl Store for PgStore {
         Box::pin(self.webhook_events_for_job(tenant, job_id))
     }
 
-    fn pending_job<'a>(
+    fn open_jobs<'a>(
         &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
-        Box::pin(self.pending_job_record(tenant, job_id))
+        m: JobMatch<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.open_job_records(m))
     }
 
     fn sweep_webhooks(
