@@ -32,6 +32,7 @@ const STRANGER: &str = "whsec_dGhpcyBpcyBub3QgdGhlIHNlY3JldA==";
 
 struct Env {
     app: Router,
+    clock: Arc<ManualClock>,
     fakes: Fakes,
     store: Arc<dyn Store>,
     _guard: Box<dyn std::any::Any + Send>,
@@ -65,6 +66,37 @@ retention:
 lease_seconds: 60
 "#;
 
+/// A job tool whose jobs may run three days, although a lost answer is retried for an hour
+/// only: its own job deadline, `downstream.http.job.max_running`.
+const EXPORTS: &str = r#"
+name: exports.generate
+version: "1"
+purpose: Export one period's data as a long background job.
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    report_type: {type: string}
+    period_start: {type: string}
+    period_end: {type: string}
+  required: [report_type, period_start, period_end]
+  additionalProperties: false
+request_fingerprint:
+  fields: [report_type, period_start, period_end]
+downstream:
+  deduplicates_by_key: true
+  async_jobs: true
+  http:
+    job:
+      max_running: 3d
+retention:
+  record_ttl: 3d
+  tombstone_ttl: 30d
+  late_arrival: tombstone
+  max_retry_window: 1h
+lease_seconds: 60
+"#;
+
 fn source(tenant: &str, by_key: bool) -> SourceConfig {
     source_for(tenant, by_key, &["reports.generate"])
 }
@@ -90,7 +122,7 @@ fn source_for(tenant: &str, by_key: bool, tools: &[&str]) -> SourceConfig {
 
 fn env_on(store: Arc<dyn Store>, guard: Box<dyn std::any::Any + Send>) -> Env {
     let mut fakes = Fakes::new();
-    let tools = fakes.tools_with(&[INVOICES]);
+    let tools = fakes.tools_with(&[INVOICES, EXPORTS]);
     // Each fake's references name it, so a record shows whose effect it settled with.
     fakes
         .fake("reports.generate")
@@ -108,6 +140,10 @@ fn env_on(store: Arc<dyn Store>, guard: Box<dyn std::any::Any + Send>) -> Env {
             source_for("acme", false, &["invoices.generate"]),
         ),
         (
+            "exports".to_string(),
+            source_for("acme", false, &["exports.generate"]),
+        ),
+        (
             "all-jobs".to_string(),
             source_for("acme", false, &["reports.generate", "invoices.generate"]),
         ),
@@ -119,12 +155,13 @@ fn env_on(store: Arc<dyn Store>, guard: Box<dyn std::any::Any + Send>) -> Env {
     })
     .unwrap();
     let state = Gateway::new(store.clone(), tools, tokens())
-        .clock(clock)
+        .clock(clock.clone())
         .environment(ENV)
         .webhooks(sources)
         .build();
     Env {
         app: idemgate_server::router(state),
+        clock,
         fakes,
         store,
         _guard: guard,
@@ -172,6 +209,8 @@ on_every_store!(
     two_tools_with_the_same_job_id_are_settled_each_by_its_own_source,
     an_early_event_waits_for_its_own_tool,
     an_event_never_finishes_another_tool_or_a_released_claim,
+    a_running_job_stays_in_flight_until_its_own_deadline_then_a_poll_settles_it,
+    a_webhook_settles_an_unknown_job_as_evidence,
 );
 
 fn signed(source: &str, secret: &str, id: &str, at_seconds: i64, body: &Value) -> Call<'static> {
@@ -879,4 +918,133 @@ async fn an_event_never_finishes_another_tool_or_a_released_claim(e: Env) {
     assert_eq!(e.store.get(&key("run_t6")).await.unwrap(), Some(before));
     assert_eq!(reports.effects(), 0);
     assert_eq!(e.fakes.fake("invoices.generate").effects(), 1);
+}
+
+const HOUR: i64 = 3_600_000;
+
+/// The audit entries of the actor `evidence`.
+async fn evidence_entries(store: &Arc<dyn Store>) -> Vec<idemgate_core::audit::Entry> {
+    store
+        .audit_log(0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.actor == "evidence")
+        .collect()
+}
+
+/// Runs `exports.generate` for `workflow` until its job passes its three-day deadline and the
+/// operation is `unknown`; the job's id.
+async fn job_past_its_deadline(e: &Env, workflow: &str) -> String {
+    let exports = e.fakes.fake("exports.generate");
+    let job = accepted_job_of(e, "exports.generate", workflow).await;
+    // Past the retry window (1h) the job is still running: in flight, not unknown.
+    e.clock.advance(2 * HOUR);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "in_flight", "{}", r.text);
+    e.clock.advance(47 * HOUR);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "in_flight", "{}", r.text);
+    assert_eq!(settled(e, workflow).await.0, RecordStatus::Pending);
+    // Past its own deadline (3d from the claim) it ends unknown.
+    e.clock.advance(23 * HOUR + 1_000);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "unknown", "{}", r.text);
+    assert!(r.text.contains("max_running"), "{}", r.text);
+    assert_eq!(settled(e, workflow).await.0, RecordStatus::Unknown);
+    assert_eq!(exports.effects(), 0);
+    job
+}
+
+/// Waiting is not ambiguity: a job the downstream reports running is in flight until the
+/// contract's job deadline, not its retry window; past it `unknown`, and when the downstream
+/// later reports the job done, the next delivery's poll settles the record — as the actor
+/// `evidence`, with no new send.
+async fn a_running_job_stays_in_flight_until_its_own_deadline_then_a_poll_settles_it(e: Env) {
+    let exports = e.fakes.fake("exports.generate");
+    let job = job_past_its_deadline(&e, "run_x1").await;
+    assert!(evidence_entries(&e.store).await.is_empty());
+
+    let reference = exports.complete_job(&job).reference;
+    let r = route(&e.app, invoke("exports.generate", AGENT, report("run_x1"))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.outcome(), "replayed", "{}", r.text);
+    assert_eq!(r.json["effect_reference"], reference.as_str());
+    assert_eq!(
+        settled(&e, "run_x1").await,
+        (RecordStatus::Applied, Some(reference.clone()))
+    );
+    // Audited as the actor `evidence`, and in the record's trace (the console's timeline).
+    let entries = evidence_entries(&e.store).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].action, "settled_by_evidence");
+    assert_eq!(entries[0].operation_key, key("run_x1").as_str());
+    assert_eq!(entries[0].reference.as_deref(), Some(reference.as_str()));
+    let trace = e.store.events(&key("run_x1")).await.unwrap();
+    assert!(
+        trace
+            .iter()
+            .any(|ev| ev.kind == EventKind::Reconciled && ev.worker == "evidence"),
+        "{trace:?}"
+    );
+    // Counted at the downstream: one send, one effect, under this key.
+    assert_eq!(exports.calls(), 1);
+    assert_eq!(
+        effects_of(&e, "exports.generate", "run_x1"),
+        vec![reference]
+    );
+    // Settled: a later delivery replays without a poll.
+    let polls = exports.polls();
+    let again = route(&e.app, invoke("exports.generate", AGENT, report("run_x1"))).await;
+    assert_eq!(again.outcome(), "replayed", "{}", again.text);
+    assert_eq!(exports.polls(), polls);
+    assert_eq!(evidence_entries(&e.store).await.len(), 1);
+}
+
+/// A webhook event that reports the job of an `unknown` operation done settles it, as the
+/// actor `evidence`; its redelivery changes nothing.
+async fn a_webhook_settles_an_unknown_job_as_evidence(e: Env) {
+    let exports = e.fakes.fake("exports.generate");
+    let job = job_past_its_deadline(&e, "run_x2").await;
+    let reference = exports.complete_job(&job).reference;
+    let event = done(&job, &reference);
+    let r = route(
+        &e.app,
+        signed(
+            "exports",
+            OLD_SECRET,
+            "msg_x2",
+            idemgate_core::clock::Clock::now(&*e.clock) / 1000,
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["disposition"], "applied", "{}", r.text);
+    assert_eq!(r.json["operation_key"], key("run_x2").as_str());
+    assert_eq!(
+        settled(&e, "run_x2").await,
+        (RecordStatus::Applied, Some(reference.clone()))
+    );
+    let entries = evidence_entries(&e.store).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0].reason.contains("msg_x2"), "{:?}", entries[0]);
+    let again = route(
+        &e.app,
+        signed(
+            "exports",
+            OLD_SECRET,
+            "msg_x2",
+            idemgate_core::clock::Clock::now(&*e.clock) / 1000,
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(again.json["redelivery"], true, "{}", again.text);
+    assert_eq!(evidence_entries(&e.store).await.len(), 1);
+    assert_eq!(exports.calls(), 1);
+    assert_eq!(
+        effects_of(&e, "exports.generate", "run_x2"),
+        vec![reference]
+    );
 }

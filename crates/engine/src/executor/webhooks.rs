@@ -366,49 +366,36 @@ impl Executor {
                 if matches!(dispatch, Dispatch::Job { .. })
                     || matches!(event.binding, Some(Binding::Key(_))) =>
             {
-                let Some(contract) = contracts(&record.tool) else {
-                    return Err(store::Error::Unavailable(format!(
-                        "webhook event {} names operation {}, whose tool {} is not loaded",
-                        event.event_id, record.key, record.tool
-                    )));
-                };
+                let contract = loaded(contracts, event, record)?;
                 let row = self.row(event, key.clone(), finished_as(finish), None);
                 let mut t = finish_transition(&contract, record, finish, &row, self.at());
                 t.webhook = Some(row);
-                return Ok(match self.store.transition(t).await? {
-                    Cas::Done(_) => {
-                        tracing::info!(
-                            operation_key = record.key.as_str(),
-                            source = %event.source,
-                            event_id = %event.event_id,
-                            disposition = finished_as(finish).as_str(),
-                            "a webhook event finished its job"
-                        );
-                        Applied::Done(EventAnswer {
-                            disposition: finished_as(finish),
-                            key,
-                            redelivery: false,
-                        })
-                    }
-                    Cas::Lost(now) => {
-                        // A concurrent delivery of the same event decided it, or the record
-                        // moved: which one, the event's row says.
-                        if let Some(seen) =
-                            self.store.webhook(&event.source, &event.event_id).await?
-                            && seen.disposition != Disposition::Early
-                        {
-                            return Ok(Applied::Done(redelivered(seen)));
-                        }
-                        match now {
-                            Some(now) => Applied::Moved(Box::new(now)),
-                            None => Applied::Gone,
-                        }
-                    }
-                });
+                return self.apply_event(event, record, finish, t).await;
             }
-            RecordState::Pending { .. }
-            | RecordState::AwaitingApproval { .. }
-            | RecordState::Unknown(_) => Disposition::NotPending,
+            // Later evidence for an operation that went `unknown` (its job outlived its deadline,
+            // say): the event settles it, as an audited action of the actor `evidence`.
+            RecordState::Unknown(_) => {
+                let contract = loaded(contracts, event, record)?;
+                let how = format!(
+                    "webhook event {} of source {} reported the job {}",
+                    event.event_id,
+                    event.source,
+                    match finish {
+                        Finish::Done(_) => "done",
+                        Finish::Failed(_) => "failed",
+                    }
+                );
+                let end = match finish {
+                    Finish::Done(receipt) => Ok(receipt.clone()),
+                    Finish::Failed(refusal) => Err(refusal.clone()),
+                };
+                let mut t = self.evidence_transition(&contract, record, end, &how);
+                t.webhook = Some(self.row(event, key.clone(), finished_as(finish), None));
+                return self.apply_event(event, record, finish, t).await;
+            }
+            RecordState::Pending { .. } | RecordState::AwaitingApproval { .. } => {
+                Disposition::NotPending
+            }
             RecordState::Applied(receipt) => agrees(
                 finish,
                 &Digest::Applied {
@@ -423,6 +410,47 @@ impl Executor {
         self.record_event(event, key, disposition, None)
             .await
             .map(Applied::Done)
+    }
+
+    /// Writes `t`, the finish `event` causes on `record` with the event's row.
+    async fn apply_event(
+        &self,
+        event: &JobEvent,
+        record: &Record,
+        finish: &Finish,
+        t: Transition,
+    ) -> Result<Applied, store::Error> {
+        Ok(match self.store.transition(t).await? {
+            Cas::Done(settled) => {
+                tracing::info!(
+                    operation_key = record.key.as_str(),
+                    source = %event.source,
+                    event_id = %event.event_id,
+                    disposition = finished_as(finish).as_str(),
+                    was = record.status().as_str(),
+                    "a webhook event finished its job"
+                );
+                self.settled.offer(&settled, self.now());
+                Applied::Done(EventAnswer {
+                    disposition: finished_as(finish),
+                    key: Some(record.key.clone()),
+                    redelivery: false,
+                })
+            }
+            Cas::Lost(now) => {
+                // A concurrent delivery of the same event decided it, or the record moved:
+                // which one, the event's row says.
+                if let Some(seen) = self.store.webhook(&event.source, &event.event_id).await?
+                    && seen.disposition != Disposition::Early
+                {
+                    return Ok(Applied::Done(redelivered(seen)));
+                }
+                match now {
+                    Some(now) => Applied::Moved(Box::new(now)),
+                    None => Applied::Gone,
+                }
+            }
+        })
     }
 
     /// Records an event that causes no transition (or an early arrival), and logs it.
@@ -494,6 +522,20 @@ enum Applied {
     /// The record moved under the event: bind again to what it is now.
     Moved(Box<Record>),
     Gone,
+}
+
+/// The loaded contract of `record`'s tool.
+fn loaded(
+    contracts: Contracts<'_>,
+    event: &JobEvent,
+    record: &Record,
+) -> Result<Arc<Contract>, store::Error> {
+    contracts(&record.tool).ok_or_else(|| {
+        store::Error::Unavailable(format!(
+            "webhook event {} names operation {}, whose tool {} is not loaded",
+            event.event_id, record.key, record.tool
+        ))
+    })
 }
 
 /// Which pending jobs `event` may bind to by `job_id`.
