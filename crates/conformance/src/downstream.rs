@@ -139,6 +139,8 @@ struct State {
     /// Jobs whose polls answer `Gone`.
     forgotten: Vec<String>,
     tickets: u64,
+    /// What references start with; `ticket` unless set, so two fakes can be told apart.
+    reference_prefix: Option<String>,
     calls: u64,
     /// The arguments of every `perform` call received, in order, whatever became of it.
     sent: Vec<Value>,
@@ -158,7 +160,8 @@ impl State {
             return receipt.clone();
         }
         self.tickets += 1;
-        let reference = format!("ticket_{}", self.tickets);
+        let prefix = self.reference_prefix.as_deref().unwrap_or("ticket");
+        let reference = format!("{prefix}_{}", self.tickets);
         let receipt = Receipt {
             result: json!({ "ticket_id": reference, "key": key.as_str() }),
             reference: reference.clone(),
@@ -216,6 +219,19 @@ impl FakeDownstream {
     pub fn with_receipt_lookup(self, on: bool) -> FakeDownstream {
         self.set_receipt_lookup(on);
         self
+    }
+
+    /// References this fake hands out start with `prefix` (`ticket` by default): two fakes
+    /// then never give the same reference, and a test can tell whose effect a record names.
+    pub fn with_reference_prefix(self, prefix: &str) -> FakeDownstream {
+        self.set_reference_prefix(prefix);
+        self
+    }
+
+    /// Sets what later references start with (see
+    /// [`with_reference_prefix`](FakeDownstream::with_reference_prefix)).
+    pub fn set_reference_prefix(&self, prefix: &str) {
+        self.lock().reference_prefix = Some(prefix.to_string());
     }
 
     /// Builder form of [`push_fault`](FakeDownstream::push_fault).

@@ -17,7 +17,7 @@
 //! no transition. Two [`Gate`]s pause a worker just after its claim inserted and just before
 //! a transition.
 
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -391,12 +391,8 @@ impl<S: Store> Store for FaultyStore<S> {
         self.inner.webhooks_for_job(tenant, job_id)
     }
 
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        self.inner.pending_job(tenant, job_id)
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        self.inner.open_jobs(m)
     }
 
     fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {

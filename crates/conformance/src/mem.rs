@@ -19,7 +19,7 @@ use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Expect, Filter, RequestUpdate, Store, SweepReport,
     Transition, Waiting, due_at,
 };
-use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
+use idemgate_core::webhook::{Disposition, JobMatch, Recorded, WebhookEvent};
 
 /// The worker name on `expired` events appended by a sweep.
 pub const SWEEPER: &str = "sweeper";
@@ -488,27 +488,35 @@ impl Store for MemStore {
         })
     }
 
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
         Box::pin(async move {
             let tables = self.lock();
-            let found = tables
+            let mut found: Vec<Record> = tables
                 .records
                 .values()
-                .find(|r| {
-                    r.tenant() == tenant
-                        && matches!(
-                            &r.state,
+                .filter(|r| {
+                    r.tenant() == m.tenant
+                        && r.key.environment() == m.environment
+                        && m.tools.contains(&r.tool)
+                        && match &r.state {
                             RecordState::Pending {
                                 dispatch: idemgate_core::record::Dispatch::Job { job_id: j },
                                 ..
-                            } if j == job_id
-                        )
+                            } => j == m.job_id,
+                            RecordState::Unknown(evidence) => {
+                                evidence.job_id.as_deref() == Some(m.job_id)
+                            }
+                            RecordState::Pending { .. }
+                            | RecordState::AwaitingApproval { .. }
+                            | RecordState::Applied(_)
+                            | RecordState::FailedPermanent(_)
+                            | RecordState::Tombstone(_) => false,
+                        }
                 })
-                .cloned();
+                .cloned()
+                .collect();
+            found.sort_by(|a, b| a.key.as_str().cmp(b.key.as_str()));
+            found.truncate(2);
             Ok(found)
         })
     }

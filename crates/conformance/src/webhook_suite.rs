@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use idemgate_core::record::{Dispatch, Lease, Millis, Receipt, Record, RecordState, RecordStatus};
 use idemgate_core::store::{Cas, Claimed, Store};
-use idemgate_core::webhook::{Disposition, Finish, Recorded, WebhookEvent};
+use idemgate_core::webhook::{Disposition, Finish, JobMatch, Recorded, WebhookEvent};
 use serde_json::json;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::store_suite::{applied, key, record, step};
+use crate::store_suite::{TOOL, applied, key, record, step};
 
 /// Runs every case, each against a fresh store from `fresh`.
 pub async fn run<S, F, Fut>(fresh: F)
@@ -26,13 +26,15 @@ where
     decided_event_blocks_its_transition(fresh().await).await;
     lost_transition_writes_no_event(fresh().await).await;
     concurrent_deliveries_of_one_event_transition_once(fresh().await).await;
-    pending_job_is_found_by_tenant_and_id(fresh().await).await;
+    open_jobs_are_found_by_tenant_environment_tool_and_id(fresh().await).await;
+    two_tools_with_one_job_id_are_both_found(fresh().await).await;
+    unknown_jobs_are_found_too(fresh().await).await;
     webhooks_for_job_lists_the_tenants_rows(fresh().await).await;
     sweep_deletes_rows_past_their_window(fresh().await).await;
 }
 
 /// How many cases [`run`] runs.
-pub const CASES: usize = 8;
+pub const CASES: usize = 10;
 
 /// An event row of source `jobs`.
 pub fn event(id: &str, disposition: Disposition, job: Option<&str>) -> WebhookEvent {
@@ -40,6 +42,8 @@ pub fn event(id: &str, disposition: Disposition, job: Option<&str>) -> WebhookEv
         source: "jobs".into(),
         event_id: id.into(),
         tenant: "acme".into(),
+        environment: Some("prod".into()),
+        tools: vec![TOOL.into()],
         job_id: job.map(str::to_string),
         key: None,
         disposition,
@@ -221,15 +225,62 @@ pub async fn concurrent_deliveries_of_one_event_transition_once<S: Store>(store:
     );
 }
 
-pub async fn pending_job_is_found_by_tenant_and_id<S: Store>(store: S) {
+/// The pending jobs of `tenant` in `environment` among `tools` with `job`.
+async fn jobs<S: Store>(
+    store: &S,
+    tenant: &str,
+    environment: &str,
+    tools: &[&str],
+    job: &str,
+) -> Vec<Record> {
+    let tools: Vec<String> = tools.iter().map(|t| t.to_string()).collect();
+    store
+        .open_jobs(JobMatch {
+            tenant,
+            environment,
+            tools: &tools,
+            job_id: job,
+        })
+        .await
+        .expect("the lookup reads")
+}
+
+pub async fn open_jobs_are_found_by_tenant_environment_tool_and_id<S: Store>(store: S) {
     let r = claimed(&store, job_record("acme:prod:wf-w5:s1", "j5")).await;
     claimed(&store, job_record("other:prod:wf-w5:s1", "j5-other")).await;
+    claimed(&store, job_record("acme:staging:wf-w5:s1", "j5")).await;
+    let mut invoices = job_record("acme:prod:wf-w5:s2", "j5");
+    invoices.tool = "invoices.generate".into();
+    let invoices = claimed(&store, invoices).await;
     assert_eq!(
-        store.pending_job("acme", "j5").await.unwrap(),
-        Some(r.clone())
+        jobs(&store, "acme", "prod", &[TOOL], "j5").await,
+        vec![r.clone()]
     );
-    assert_eq!(store.pending_job("other", "j5").await.unwrap(), None);
-    assert_eq!(store.pending_job("acme", "j5-other").await.unwrap(), None);
+    assert_eq!(
+        jobs(&store, "acme", "prod", &["invoices.generate"], "j5").await,
+        vec![invoices.clone()]
+    );
+    assert!(
+        jobs(&store, "other", "prod", &[TOOL], "j5")
+            .await
+            .is_empty()
+    );
+    assert!(
+        jobs(&store, "acme", "prod", &[TOOL], "j5-other")
+            .await
+            .is_empty()
+    );
+    assert!(
+        jobs(&store, "acme", "prod", &["tickets.get"], "j5")
+            .await
+            .is_empty(),
+        "a tool the source does not name is never found"
+    );
+    assert_eq!(
+        jobs(&store, "acme", "staging", &[TOOL], "j5").await.len(),
+        1,
+        "each environment finds its own"
+    );
     let Cas::Done(_) = store
         .transition(step(&r, applied("R-5"), 2_000))
         .await
@@ -237,11 +288,88 @@ pub async fn pending_job_is_found_by_tenant_and_id<S: Store>(store: S) {
     else {
         panic!("settles");
     };
-    assert_eq!(
-        store.pending_job("acme", "j5").await.unwrap(),
-        None,
+    assert!(
+        jobs(&store, "acme", "prod", &[TOOL], "j5").await.is_empty(),
         "a settled job is no longer pending"
     );
+}
+
+/// A record that went `unknown` while waiting on its job keeps the job id as evidence, and the
+/// lookup finds it beside pending ones (a later event or poll may settle it), never a settled
+/// one or an unknown record without a job.
+pub async fn unknown_jobs_are_found_too<S: Store>(store: S) {
+    let r = claimed(&store, job_record("acme:prod:wf-w10:s1", "j10")).await;
+    let t = step(
+        &r,
+        RecordState::Unknown(idemgate_core::record::Evidence {
+            reason: "the job ran past its deadline".into(),
+            reference: None,
+            job_id: Some("j10".into()),
+        }),
+        2_000,
+    );
+    let Cas::Done(unknown) = store.transition(t).await.unwrap() else {
+        panic!("goes unknown");
+    };
+    assert_eq!(unknown.status(), RecordStatus::Unknown);
+    let other = claimed(
+        &store,
+        record(
+            "acme:prod:wf-w10:s2",
+            RecordState::Unknown(idemgate_core::record::Evidence {
+                reason: "no job".into(),
+                reference: None,
+                job_id: None,
+            }),
+        ),
+    )
+    .await;
+    assert_eq!(other.status(), RecordStatus::Unknown);
+    let pending = claimed(&store, job_record("acme:prod:wf-w10:s3", "j10")).await;
+    assert_eq!(
+        jobs(&store, "acme", "prod", &[TOOL], "j10").await,
+        vec![unknown.clone(), pending]
+    );
+    assert!(
+        jobs(&store, "acme", "staging", &[TOOL], "j10")
+            .await
+            .is_empty()
+    );
+    assert!(
+        jobs(&store, "acme", "prod", &["tickets.get"], "j10")
+            .await
+            .is_empty()
+    );
+}
+
+/// Two tools whose downstreams handed out the same job id: a source naming both finds both
+/// (at most two, in key order), so the caller can refuse the event as ambiguous.
+pub async fn two_tools_with_one_job_id_are_both_found<S: Store>(store: S) {
+    let a = claimed(&store, job_record("acme:prod:wf-w9:s1", "7")).await;
+    let mut b = job_record("acme:prod:wf-w9:s2", "7");
+    b.tool = "invoices.generate".into();
+    let b = claimed(&store, b).await;
+    let mut c = job_record("acme:prod:wf-w9:s3", "7");
+    c.tool = "exports.generate".into();
+    claimed(&store, c).await;
+    assert_eq!(
+        jobs(&store, "acme", "prod", &[TOOL, "invoices.generate"], "7").await,
+        vec![a.clone(), b]
+    );
+    assert_eq!(
+        jobs(
+            &store,
+            "acme",
+            "prod",
+            &[TOOL, "invoices.generate", "exports.generate"],
+            "7"
+        )
+        .await
+        .len(),
+        2,
+        "two are enough to say ambiguous"
+    );
+    assert_eq!(jobs(&store, "acme", "prod", &[TOOL], "7").await, vec![a]);
 }
 
 pub async fn webhooks_for_job_lists_the_tenants_rows<S: Store>(store: S) {

@@ -41,15 +41,19 @@ pub enum Action {
     ResolvedNotApplied,
     /// An operator's receipt lookup found the receipt and settled the record.
     SettledByLookup,
+    /// Later evidence — a poll or a webhook event reporting the job's end, a receipt lookup
+    /// that found it — settled an `unknown` record; the actor is `evidence`. Never a send.
+    SettledByEvidence,
 }
 
 impl Action {
-    pub const ALL: [Action; 5] = [
+    pub const ALL: [Action; 6] = [
         Action::Approved,
         Action::Denied,
         Action::ResolvedApplied,
         Action::ResolvedNotApplied,
         Action::SettledByLookup,
+        Action::SettledByEvidence,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +63,7 @@ impl Action {
             Action::ResolvedApplied => "resolved_applied",
             Action::ResolvedNotApplied => "resolved_not_applied",
             Action::SettledByLookup => "settled_by_lookup",
+            Action::SettledByEvidence => "settled_by_evidence",
         }
     }
 

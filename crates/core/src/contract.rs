@@ -363,6 +363,26 @@ impl fmt::Display for LoadError {
 impl std::error::Error for LoadError {}
 
 /// The line where `field` (the last segment of a dotted path) first appears as a YAML key.
+/// Reads `downstream.http.job.max_running`, the job deadline. The core leaves the rest of
+/// `downstream.http` to the face that performs the effect, but this one value is the
+/// executor's: it decides when a running job stops being in flight.
+pub fn job_max_running(cf: &ContractFile) -> Result<Option<Span>, String> {
+    let Some(value) = cf
+        .downstream
+        .http
+        .as_ref()
+        .and_then(|http| http.pointer("/job/max_running"))
+    else {
+        return Ok(None);
+    };
+    let span: Span = serde_json::from_value(value.clone())
+        .map_err(|e| format!("downstream.http.job.max_running: {e}"))?;
+    if span.seconds() == 0 {
+        return Err("downstream.http.job.max_running must be longer than zero".into());
+    }
+    Ok(Some(span))
+}
+
 fn line_of(text: &str, field: &str) -> Option<usize> {
     let last = field.rsplit('.').next().unwrap_or(field);
     text.lines()
@@ -629,6 +649,8 @@ pub struct Contract {
     pub input_schema: Value,
     validator: jsonschema::Validator,
     approval: ApprovalRule,
+    /// `downstream.http.job.max_running`, when the contract sets it.
+    max_running: Option<Span>,
 }
 
 impl fmt::Debug for Contract {
@@ -823,7 +845,9 @@ impl Contract {
                 "a lease under 3 seconds cannot be renewed reliably".into(),
             ));
         }
+        let max_running = job_max_running(&cf).map_err(|m| err("max_running", m))?;
         Ok(Contract {
+            max_running,
             name: cf.name.clone(),
             version,
             effect_class: cf.effect_class,
@@ -854,6 +878,14 @@ impl Contract {
 
     pub fn async_jobs(&self) -> bool {
         self.file.downstream.async_jobs
+    }
+
+    /// How long an accepted job the downstream reports running stays in flight, counted from
+    /// its claim: `downstream.http.job.max_running`, else `retention.max_retry_window`. Waiting
+    /// is not ambiguity: only a job that outlives this (or that the downstream no longer
+    /// knows) ends `unknown`.
+    pub fn max_running(&self) -> Span {
+        self.max_running.unwrap_or(self.retention.max_retry_window)
     }
 
     /// Whether a durable "dispatch is starting" mark precedes the first byte to the downstream.

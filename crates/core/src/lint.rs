@@ -44,6 +44,7 @@ pub const RULES: &[&str] = &[
     "no-retention",
     "retention-shorter-than-retry-window",
     "record-shorter-than-retry-window",
+    "record-shorter-than-job",
     "no-next-review",
 ];
 
@@ -250,6 +251,24 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
                 );
             }
         }
+    }
+    // A caller waits for a job's result on the job's own time scale: the full record, with the
+    // result, must outlive the job deadline, or a job that settles early is only a tombstone
+    // (a reference, no result) when its caller comes back.
+    if let (Ok(Some(max_running)), Some(r)) = (crate::contract::job_max_running(cf), &cf.retention)
+        && r.record_ttl.seconds() < max_running.seconds()
+    {
+        flag(
+            Error,
+            "record-shorter-than-job",
+            "retention.record_ttl",
+            format!(
+                "the full record ({}) is kept shorter than the job deadline \
+                 downstream.http.job.max_running ({}): a caller polling on the job's time scale \
+                 finds its result compacted",
+                r.record_ttl, max_running
+            ),
+        );
     }
     if cf.owner.next_review.is_none() {
         flag(

@@ -228,6 +228,20 @@ pub fn retry_deadline(contract: &Contract, record: &Record) -> Millis {
         .saturating_add(contract.retention.max_retry_window.millis())
 }
 
+/// The instant after which a job the downstream still reports running — or whose poll gets no
+/// answer — ends `unknown`: its claim plus the contract's job deadline
+/// ([`Contract::max_running`]) — plus the approval window for an approved record.
+pub fn job_deadline(contract: &Contract, record: &Record) -> Millis {
+    let approval = match record.approved_by {
+        Some(_) => contract.approval_window().millis(),
+        None => 0,
+    };
+    record
+        .created_at
+        .saturating_add(approval)
+        .saturating_add(contract.max_running().millis())
+}
+
 /// How an abandoned pending record is recovered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovery {

@@ -14,7 +14,7 @@ use crate::audit::{Draft, Entry};
 use crate::fingerprint::Fingerprint;
 use crate::key::OperationKey;
 use crate::record::{Event, Millis, Record, RecordState, RecordStatus};
-use crate::webhook::{Recorded, WebhookEvent};
+use crate::webhook::{JobMatch, Recorded, WebhookEvent};
 
 /// A boxed future, so that `dyn Store` works without an async-trait dependency.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -352,14 +352,13 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async { Err(no_webhooks()) })
     }
 
-    /// The pending record of `tenant` whose accepted job is `job_id` (the smallest key, should
-    /// a downstream reuse a job id). Never writes.
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        let _ = (tenant, job_id);
+    /// The records whose end of accepted job `m.job_id` is not known yet — pending with the
+    /// job, or `unknown` with it as their evidence — of `m.tenant`, in environment
+    /// `m.environment`, of one of `m.tools`, ordered by key: **at most two**. One is the
+    /// event's operation; two say that the job id alone does not name one (two tools whose
+    /// downstreams hand out overlapping ids) and the event must not bind. Never writes.
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        let _ = m;
         Box::pin(async { Err(no_webhooks()) })
     }
 
@@ -445,12 +444,8 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
         (**self).webhooks_for_job(tenant, job_id)
     }
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        (**self).pending_job(tenant, job_id)
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        (**self).open_jobs(m)
     }
     fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
         (**self).sweep_webhooks(now, limit)

@@ -646,6 +646,37 @@ pub fn reconciled_by_lookup(
     settle(record, contract, RecordState::Applied(receipt), events, at)
 }
 
+/// The actor (and worker) of a settlement made by later evidence.
+pub const EVIDENCE: &str = "evidence";
+
+/// Later evidence settles an `unknown` record: a poll or a webhook event that reports its
+/// job's end (`Ok` a receipt, `Err` a refusal), or a receipt lookup that finds it. The attempt
+/// is unchanged and nothing is sent; `how` says which evidence, for the trace. Made with `at`'s
+/// worker, [`EVIDENCE`] by convention.
+pub fn settled_by_evidence(
+    record: &Record,
+    contract: &Contract,
+    end: Result<Receipt, Refusal>,
+    how: &str,
+    at: At<'_>,
+) -> Transition {
+    let (next, detail) = match end {
+        Ok(receipt) => {
+            let detail = format!("applied as {} by evidence: {how}", receipt.reference);
+            (RecordState::Applied(receipt), detail)
+        }
+        Err(refusal) => {
+            let detail = format!("refused ({}) by evidence: {how}", refusal.code.as_str());
+            (RecordState::FailedPermanent(refusal), detail)
+        }
+    };
+    let events = vec![
+        at.event(EventKind::Reconciled, record.fence)
+            .with_detail(detail),
+    ];
+    settle(record, contract, next, events, at)
+}
+
 /// A polled job finished.
 pub fn job_done(record: &Record, contract: &Contract, receipt: Receipt, at: At<'_>) -> Transition {
     let job = job_of(record).unwrap_or_default();

@@ -38,13 +38,20 @@ pub enum Disposition {
     /// event, say): nothing changed.
     Ignored,
     /// No pending job with its id exists yet — the downstream's callback overtook the answer
-    /// that carries the job id. Kept with its finish, and applied when the job id is recorded
-    /// (a later write of this row replaces it; nothing else does).
+    /// that carries the job id. Kept with its finish, its environment and its source's tools,
+    /// and applied when one of those tools records the job id in that environment (a later
+    /// write of this row replaces it; nothing else does).
     Early,
+    /// The event names an operation of a tool its source may not finish: nothing changed.
+    OtherTool,
+    /// More than one operation of the source's tools matches the event (two tools whose
+    /// downstreams handed out the same job id): refused, nothing changed; an operator settles
+    /// the operations, or narrows the source's `tools`.
+    Ambiguous,
 }
 
 impl Disposition {
-    pub const ALL: [Disposition; 9] = [
+    pub const ALL: [Disposition; 11] = [
         Disposition::Applied,
         Disposition::Failed,
         Disposition::AlreadySettled,
@@ -54,6 +61,8 @@ impl Disposition {
         Disposition::UnknownOperation,
         Disposition::Ignored,
         Disposition::Early,
+        Disposition::OtherTool,
+        Disposition::Ambiguous,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +76,8 @@ impl Disposition {
             Disposition::UnknownOperation => "unknown_operation",
             Disposition::Ignored => "ignored",
             Disposition::Early => "early",
+            Disposition::OtherTool => "other_tool",
+            Disposition::Ambiguous => "ambiguous",
         }
     }
 
@@ -107,6 +118,13 @@ pub struct WebhookEvent {
     pub event_id: String,
     /// The source's tenant.
     pub tenant: String,
+    /// The gateway's environment the event arrived in: an early row is applied only to a job
+    /// of this environment. `None` on rows written before migration 0009 (SQLite) / 0010
+    /// (PostgreSQL), which are never applied as early arrivals.
+    pub environment: Option<String>,
+    /// The tools the source may finish, as configured when the event arrived: an early row is
+    /// applied only to a job of one of them. Empty on rows written before those migrations.
+    pub tools: Vec<String>,
     /// The job id the event named, when it binds by job id.
     pub job_id: Option<String>,
     /// The operation it bound to, when one was found (or named).
@@ -131,6 +149,36 @@ impl WebhookEvent {
     pub fn parse_finish(text: Option<&str>) -> Result<Option<Finish>, String> {
         text.map(|t| serde_json::from_str(t).map_err(|e| format!("unreadable finish: {e}")))
             .transpose()
+    }
+}
+
+/// Which pending jobs an event may bind to: its source's tenant, the gateway's environment,
+/// one of the source's tools, and the job id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobMatch<'a> {
+    pub tenant: &'a str,
+    pub environment: &'a str,
+    pub tools: &'a [String],
+    pub job_id: &'a str,
+}
+
+impl WebhookEvent {
+    /// Whether this (early) row may finish a job of `tool` in `environment`: it was received in
+    /// that environment, and its source names the tool.
+    pub fn may_finish(&self, environment: &str, tool: &str) -> bool {
+        self.environment.as_deref() == Some(environment) && self.tools.iter().any(|t| t == tool)
+    }
+
+    /// The `tools` column's JSON (an array of names).
+    pub fn tools_json(&self) -> String {
+        serde_json::to_string(&self.tools).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// Reads the `tools` column; `NULL` (a row older than the column) is no tool.
+    pub fn parse_tools(text: Option<&str>) -> Result<Vec<String>, String> {
+        text.map_or(Ok(Vec::new()), |t| {
+            serde_json::from_str(t).map_err(|e| format!("unreadable tools: {e}"))
+        })
     }
 }
 
@@ -160,6 +208,8 @@ mod tests {
             source: "jobs".into(),
             event_id: "msg_1".into(),
             tenant: "acme".into(),
+            environment: Some("prod".into()),
+            tools: vec!["reports.generate".into()],
             job_id: Some("j1".into()),
             key: None,
             disposition: Disposition::Early,
@@ -175,5 +225,34 @@ mod tests {
             WebhookEvent::parse_finish(text.as_deref()).unwrap(),
             event.finish
         );
+        assert_eq!(
+            WebhookEvent::parse_tools(Some(&event.tools_json())).unwrap(),
+            event.tools
+        );
+        assert_eq!(
+            WebhookEvent::parse_tools(None).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn an_early_row_finishes_only_its_tools_in_its_environment() {
+        let row = |environment: Option<&str>| WebhookEvent {
+            source: "jobs".into(),
+            event_id: "m".into(),
+            tenant: "acme".into(),
+            environment: environment.map(Into::into),
+            tools: vec!["reports.generate".into(), "invoices.generate".into()],
+            job_id: Some("j1".into()),
+            key: None,
+            disposition: Disposition::Early,
+            finish: None,
+            received_at: 1,
+            purge_at: 2,
+        };
+        assert!(row(Some("prod")).may_finish("prod", "invoices.generate"));
+        assert!(!row(Some("prod")).may_finish("staging", "invoices.generate"));
+        assert!(!row(Some("prod")).may_finish("prod", "tickets.create"));
+        assert!(!row(None).may_finish("prod", "reports.generate"));
     }
 }

@@ -945,3 +945,27 @@ fn identity_is_read_from_the_contract_and_written_back_the_same() {
         assert!(Identity::parse(bad).is_err(), "{bad}");
     }
 }
+
+/// `downstream.http.job.max_running` is the job deadline; unset, the retry window; zero or a
+/// word is refused, naming the field.
+#[test]
+fn the_job_deadline_is_read_from_downstream_http_job_max_running() {
+    let contract = |max_running: &str| {
+        let text = format!(
+            "name: exports.generate\nversion: \"1\"\neffect_class: key_based\n\
+             input_schema: {{type: object, properties: {{p: {{type: string}}}}}}\n\
+             request_fingerprint: {{fields: [p]}}\n\
+             downstream:\n  deduplicates_by_key: true\n  async_jobs: true\n  http:\n    job:\n{max_running}\
+             retention: {{record_ttl: 3d, tombstone_ttl: 30d, max_retry_window: 1h}}\n"
+        );
+        idemgate_core::contract::Contract::load(&text, "exports.yaml")
+    };
+    let c = contract("      max_running: 3d\n").unwrap();
+    assert_eq!(c.max_running().seconds(), 3 * 86_400);
+    let c = contract("      id: /job_id\n").unwrap();
+    assert_eq!(c.max_running().seconds(), 3_600, "the retry window");
+    for bad in ["      max_running: 0s\n", "      max_running: soon\n"] {
+        let e = contract(bad).err().unwrap().to_string();
+        assert!(e.contains("max_running"), "{e}");
+    }
+}

@@ -244,6 +244,24 @@ fn single_edits_raise_single_rules() {
         ("record_ttl: 7d", "record_ttl: 12h"),
         &["warning record-shorter-than-retry-window retention.record_ttl"],
     );
+    // A job deadline the full record does not outlive: its caller finds the result compacted.
+    check_edit(
+        "reports.generate.yaml",
+        (
+            "      error_message: /error\n",
+            "      error_message: /error\n      max_running: 7d\n",
+        ),
+        &["error record-shorter-than-job retention.record_ttl"],
+    );
+    // One it does outlive is no finding (3d of record for a job of up to 2d).
+    check_edit(
+        "reports.generate.yaml",
+        (
+            "      error_message: /error\n",
+            "      error_message: /error\n      max_running: 2d\n",
+        ),
+        &[],
+    );
     check_edit(
         t,
         ("  next_review: \"2027-02-01\"\n", ""),

@@ -146,6 +146,11 @@ pub struct JobConfig {
     /// Pointer to a short reason in a failed job's answer.
     #[serde(default)]
     pub error_message: Option<String>,
+    /// How long a job the downstream reports running stays in flight, counted from its claim;
+    /// past it the operation ends `unknown`. Read by the executor (the core's
+    /// `Contract::max_running`); unset, the contract's `retention.max_retry_window`.
+    #[serde(default)]
+    pub max_running: Option<idemgate_core::duration::Span>,
 }
 
 /// `timeouts`: `connect` bounds the TCP and TLS handshake, `total` the whole exchange.

@@ -19,7 +19,7 @@ use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
     Waiting,
 };
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use serde_json::Value;
 
 /// Marks a sealed value; the version names the cipher and the layout (nonce ‖ ciphertext).
@@ -304,12 +304,8 @@ impl<S: Store> Store for SealedStore<S> {
         self.inner.webhooks_for_job(tenant, job_id)
     }
 
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        self.inner.pending_job(tenant, job_id)
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        self.inner.open_jobs(m)
     }
 
     fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {

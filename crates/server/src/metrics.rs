@@ -5,7 +5,7 @@
 //! store cannot see them); latencies, takeovers and recoveries by thin wrappers around the
 //! store and each downstream, which see every claim, transition and effect.
 
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -262,12 +262,11 @@ impl Store for MeteredStore {
         self.inner.webhooks_for_job(tenant, job_id)
     }
 
-    fn pending_job<'a>(
+    fn open_jobs<'a>(
         &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
-        self.inner.pending_job(tenant, job_id)
+        m: JobMatch<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Record>, store::Error>> {
+        self.inner.open_jobs(m)
     }
 
     fn sweep_webhooks(

@@ -201,6 +201,9 @@ pub async fn gateway(
 ) -> Result<AppState, Error> {
     let webhooks = crate::webhooks::Sources::from_config(&config.webhooks)
         .map_err(AssemblyError::Unsupported)?;
+    webhooks
+        .check_tools(|name| tools.get(name).is_some())
+        .map_err(AssemblyError::Unsupported)?;
     Ok(Gateway::over(file.assembly(tools).await?, tokens)
         .limits(config.limits)
         .public_url(config.public_url())

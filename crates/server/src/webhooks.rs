@@ -48,6 +48,12 @@ pub const REFUSALS: &str = "idemgate_webhook_refusals_total";
 pub struct SourceConfig {
     /// The tenant whose operations this source's events may finish.
     pub tenant: String,
+    /// The tools whose operations this source's events may finish (required, at least one):
+    /// an event binds only to an operation of one of them, by job id within them or by key.
+    /// Left empty, the source is refused with an error naming it: binding across every tool
+    /// lets two downstreams' overlapping job ids finish each other's operations.
+    #[serde(default)]
+    pub tools: Vec<String>,
     /// Names of environment variables, each holding one secret (`whsec_<base64>`, as Standard
     /// Webhooks senders print them). A signature made with any of them is accepted, so a
     /// rotation configures the new one beside the old, then drops the old.
@@ -155,6 +161,19 @@ impl Sources {
     pub fn is_empty(&self) -> bool {
         self.sources.is_empty()
     }
+
+    /// Checks that every tool a source names is loaded (`loaded` says whether one is). The
+    /// error names the source and the tool.
+    pub fn check_tools(&self, loaded: impl Fn(&str) -> bool) -> Result<(), String> {
+        for (name, source) in self.sources.iter() {
+            if let Some(tool) = source.config.tools.iter().find(|t| !loaded(t)) {
+                return Err(format!(
+                    "webhooks.{name}: tools names `{tool}`, which is not a loaded tool"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An event id is remembered for `retention`; a timestamp is accepted for `tolerance`. With a
@@ -184,6 +203,13 @@ fn check(name: &str, c: &SourceConfig) -> Result<(), String> {
             "tenant `{}` must be printable ASCII without spaces or `:`",
             c.tenant.escape_default()
         ));
+    }
+    if c.tools.is_empty() {
+        return Err(
+            "tools must name the tools whose jobs this source may finish, \
+             e.g. tools = [\"reports.generate\"]"
+                .into(),
+        );
     }
     if c.secret_envs.is_empty() {
         return Err("secret_envs must name at least one environment variable".into());
@@ -415,7 +441,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct WebhookAnswer {
     /// `applied`, `failed`, `already_settled`, `settled_differently`, `not_pending`,
-    /// `other_tenant`, `unknown_operation`, `ignored` or `early`.
+    /// `other_tenant`, `other_tool`, `unknown_operation`, `ignored`, `early` or `ambiguous`.
     pub disposition: String,
     /// The operation the event bound to, when one was found.
     pub operation_key: Option<String>,
@@ -439,6 +465,7 @@ pub struct WebhookAnswer {
     responses(
         (status = 200, description = "decided: applied, failed, or recorded without a change (a redelivery included)", body = WebhookAnswer),
         (status = 202, description = "kept as an early arrival: applied when its job id is recorded", body = WebhookAnswer),
+        (status = 409, description = "refused as ambiguous: more than one operation of the source's tools matches; nothing settled", body = WebhookAnswer),
         (status = 400, description = "a signed event the source's pointers cannot read", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "not verified: headers, timestamp or signature", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "unknown source", body = Problem, content_type = "application/problem+json"),
@@ -503,6 +530,7 @@ pub async fn receive(
                 event_id: verified.event_id.clone(),
                 tenant: source.config.tenant.clone(),
                 environment: state.environment().to_string(),
+                tools: source.config.tools.clone(),
                 binding: read.binding,
                 finish: read.finish,
                 retention_millis: source.config.retention.millis(),
@@ -546,10 +574,12 @@ fn respond(source: &Source, verified: &Verified, answer: EventAnswer) -> Respons
         operation_key = answer.key.as_ref().map(OperationKey::as_str),
         "webhook event"
     );
-    let status = if disposition == Disposition::Early && !answer.redelivery {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
+    let status = match (disposition, answer.redelivery) {
+        (Disposition::Early, false) => StatusCode::ACCEPTED,
+        // Refused: the sender's retries hear the same, and its dashboard shows the failure
+        // that an operator must resolve (settle the operations, or narrow `tools`).
+        (Disposition::Ambiguous, _) => StatusCode::CONFLICT,
+        _ => StatusCode::OK,
     };
     let body = WebhookAnswer {
         disposition: disposition.as_str().into(),
@@ -573,6 +603,7 @@ mod tests {
     fn config() -> SourceConfig {
         SourceConfig {
             tenant: "acme".into(),
+            tools: vec!["reports.generate".into()],
             secret_envs: vec!["OLD".into(), "NEW".into()],
             tolerance: Span(300),
             retention: Span(3 * 86_400),
@@ -696,6 +727,24 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("webhooks.jobs") && e.contains("OLD"), "{e}");
+        let mut toolless = c.clone();
+        toolless.tools.clear();
+        let e = Sources::with_env(&BTreeMap::from([("jobs".to_string(), toolless)]), |_| {
+            Some(SECRET.into())
+        })
+        .err()
+        .unwrap();
+        assert!(e.contains("webhooks.jobs") && e.contains("tools"), "{e}");
+        let s = Sources::with_env(&BTreeMap::from([("jobs".to_string(), c.clone())]), |_| {
+            Some(SECRET.into())
+        })
+        .unwrap();
+        let e = s.check_tools(|t| t == "tickets.create").err().unwrap();
+        assert!(
+            e.contains("webhooks.jobs") && e.contains("reports.generate"),
+            "{e}"
+        );
+        assert!(s.check_tools(|t| t == "reports.generate").is_ok());
         c.key_pointer = Some("/key".into());
         let e = Sources::with_env(&BTreeMap::from([("jobs".to_string(), c)]), |_| {
             Some(SECRET.into())

@@ -32,14 +32,79 @@ const STRANGER: &str = "whsec_dGhpcyBpcyBub3QgdGhlIHNlY3JldA==";
 
 struct Env {
     app: Router,
+    clock: Arc<ManualClock>,
     fakes: Fakes,
     store: Arc<dyn Store>,
     _guard: Box<dyn std::any::Any + Send>,
 }
 
+/// A second job tool beside `reports.generate`, whose downstream numbers its jobs the same
+/// way (`job_1`, `job_2`, …): the two hand out the same job ids.
+const INVOICES: &str = r#"
+name: invoices.generate
+version: "1"
+purpose: Generate one invoice run as a background job.
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    report_type: {type: string}
+    period_start: {type: string}
+    period_end: {type: string}
+  required: [report_type, period_start, period_end]
+  additionalProperties: false
+request_fingerprint:
+  fields: [report_type, period_start, period_end]
+downstream:
+  deduplicates_by_key: true
+  async_jobs: true
+retention:
+  record_ttl: 3d
+  tombstone_ttl: 30d
+  late_arrival: tombstone
+  max_retry_window: 1d
+lease_seconds: 60
+"#;
+
+/// A job tool whose jobs may run three days, although a lost answer is retried for an hour
+/// only: its own job deadline, `downstream.http.job.max_running`.
+const EXPORTS: &str = r#"
+name: exports.generate
+version: "1"
+purpose: Export one period's data as a long background job.
+effect_class: key_based
+input_schema:
+  type: object
+  properties:
+    report_type: {type: string}
+    period_start: {type: string}
+    period_end: {type: string}
+  required: [report_type, period_start, period_end]
+  additionalProperties: false
+request_fingerprint:
+  fields: [report_type, period_start, period_end]
+downstream:
+  deduplicates_by_key: true
+  async_jobs: true
+  http:
+    job:
+      max_running: 3d
+retention:
+  record_ttl: 3d
+  tombstone_ttl: 30d
+  late_arrival: tombstone
+  max_retry_window: 1h
+lease_seconds: 60
+"#;
+
 fn source(tenant: &str, by_key: bool) -> SourceConfig {
+    source_for(tenant, by_key, &["reports.generate"])
+}
+
+fn source_for(tenant: &str, by_key: bool, tools: &[&str]) -> SourceConfig {
     SourceConfig {
         tenant: tenant.into(),
+        tools: tools.iter().map(|t| t.to_string()).collect(),
         secret_envs: vec!["OLD".into(), "NEW".into()],
         tolerance: Span(300),
         retention: Span(3 * 86_400),
@@ -57,12 +122,31 @@ fn source(tenant: &str, by_key: bool) -> SourceConfig {
 
 fn env_on(store: Arc<dyn Store>, guard: Box<dyn std::any::Any + Send>) -> Env {
     let mut fakes = Fakes::new();
-    let tools = fakes.tools();
+    let tools = fakes.tools_with(&[INVOICES, EXPORTS]);
+    // Each fake's references name it, so a record shows whose effect it settled with.
+    fakes
+        .fake("reports.generate")
+        .set_reference_prefix("report");
+    fakes
+        .fake("invoices.generate")
+        .set_reference_prefix("invoice");
     let clock = Arc::new(ManualClock::new(EPOCH));
     let config = BTreeMap::from([
         ("reports".to_string(), source("acme", false)),
         ("reports-by-key".to_string(), source("acme", true)),
         ("globex-reports".to_string(), source("globex", false)),
+        (
+            "invoices".to_string(),
+            source_for("acme", false, &["invoices.generate"]),
+        ),
+        (
+            "exports".to_string(),
+            source_for("acme", false, &["exports.generate"]),
+        ),
+        (
+            "all-jobs".to_string(),
+            source_for("acme", false, &["reports.generate", "invoices.generate"]),
+        ),
     ]);
     let sources = Sources::with_env(&config, |name| match name {
         "OLD" => Some(OLD_SECRET.into()),
@@ -71,12 +155,13 @@ fn env_on(store: Arc<dyn Store>, guard: Box<dyn std::any::Any + Send>) -> Env {
     })
     .unwrap();
     let state = Gateway::new(store.clone(), tools, tokens())
-        .clock(clock)
+        .clock(clock.clone())
         .environment(ENV)
         .webhooks(sources)
         .build();
     Env {
         app: idemgate_server::router(state),
+        clock,
         fakes,
         store,
         _guard: guard,
@@ -121,6 +206,11 @@ on_every_store!(
     another_tenants_event_changes_nothing,
     refused_deliveries_leave_no_row,
     a_waiting_caller_hears_the_webhook,
+    two_tools_with_the_same_job_id_are_settled_each_by_its_own_source,
+    an_early_event_waits_for_its_own_tool,
+    an_event_never_finishes_another_tool_or_a_released_claim,
+    a_running_job_stays_in_flight_until_its_own_deadline_then_a_poll_settles_it,
+    a_webhook_settles_an_unknown_job_as_evidence,
 );
 
 fn signed(source: &str, secret: &str, id: &str, at_seconds: i64, body: &Value) -> Call<'static> {
@@ -155,12 +245,38 @@ fn done(job: &str, reference: &str) -> Value {
 
 /// Starts a report whose downstream accepts a job; the job's id.
 async fn accepted_job(e: &Env, workflow: &str) -> String {
-    let reports = e.fakes.fake("reports.generate");
-    reports.push_fault(Fault::AcceptJob);
-    let r = route(&e.app, invoke("reports.generate", AGENT, report(workflow))).await;
+    accepted_job_of(e, "reports.generate", workflow).await
+}
+
+/// Starts an operation of `tool` whose downstream accepts a job; the job's id.
+async fn accepted_job_of(e: &Env, tool: &str, workflow: &str) -> String {
+    let fake = e.fakes.fake(tool);
+    fake.push_fault(Fault::AcceptJob);
+    let r = route(&e.app, invoke(tool, AGENT, report(workflow))).await;
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.outcome(), "in_flight");
-    reports.job_ids().last().unwrap().clone()
+    fake.job_ids().last().unwrap().clone()
+}
+
+/// The record's status and reference.
+async fn settled(e: &Env, workflow: &str) -> (RecordStatus, Option<String>) {
+    let r = e.store.get(&key(workflow)).await.unwrap().unwrap();
+    let reference = match &r.state {
+        RecordState::Applied(receipt) => Some(receipt.reference.clone()),
+        _ => None,
+    };
+    (r.status(), reference)
+}
+
+/// The references of the effects `tool`'s downstream made for `workflow`'s key.
+fn effects_of(e: &Env, tool: &str, workflow: &str) -> Vec<String> {
+    e.fakes
+        .fake(tool)
+        .effect_log()
+        .into_iter()
+        .filter(|effect| effect.key == key(workflow))
+        .map(|effect| effect.reference)
+        .collect()
 }
 
 /// The downstream finishes the job: its effect commits on its own side; the receipt's
@@ -560,4 +676,375 @@ async fn a_waiting_caller_hears_the_webhook(e: Env) {
         .unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text);
     assert_eq!(answer.json["effect_reference"], "report-w");
+}
+
+/// Two job tools whose downstreams both hand out `job_1`: an event from a source that names
+/// both is refused as ambiguous and settles nothing; each tool's own source settles only its
+/// own operation, with its own reference.
+async fn two_tools_with_the_same_job_id_are_settled_each_by_its_own_source(e: Env) {
+    let report_job = accepted_job_of(&e, "reports.generate", "run_t1").await;
+    let invoice_job = accepted_job_of(&e, "invoices.generate", "run_t2").await;
+    assert_eq!(
+        report_job, invoice_job,
+        "the downstreams handed out the same id"
+    );
+    let job = report_job;
+
+    // The invoice job finishes at its downstream.
+    let invoice = e
+        .fakes
+        .fake("invoices.generate")
+        .complete_job(&job)
+        .reference;
+    assert!(invoice.starts_with("invoice_"), "{invoice}");
+
+    // A source that may finish both tools cannot tell which job it means.
+    let r = route(
+        &e.app,
+        signed(
+            "all-jobs",
+            OLD_SECRET,
+            "msg_amb",
+            now_seconds(),
+            &done(&job, &invoice),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(r.json["disposition"], "ambiguous", "{}", r.text);
+    assert_eq!(r.json["operation_key"], Value::Null);
+    assert_eq!(settled(&e, "run_t1").await.0, RecordStatus::Pending);
+    assert_eq!(settled(&e, "run_t2").await.0, RecordStatus::Pending);
+    // Its retry hears the same refusal and changes nothing either.
+    let again = route(
+        &e.app,
+        signed(
+            "all-jobs",
+            OLD_SECRET,
+            "msg_amb",
+            now_seconds(),
+            &done(&job, &invoice),
+        ),
+    )
+    .await;
+    assert_eq!(again.status, 409, "{}", again.text);
+    assert_eq!(again.json["redelivery"], true);
+
+    // The invoice source settles the invoice operation, and only it.
+    let r = route(
+        &e.app,
+        signed(
+            "invoices",
+            OLD_SECRET,
+            "msg_inv",
+            now_seconds(),
+            &done(&job, &invoice),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["disposition"], "applied", "{}", r.text);
+    assert_eq!(r.json["operation_key"], key("run_t2").as_str());
+    assert_eq!(
+        settled(&e, "run_t2").await,
+        (RecordStatus::Applied, Some(invoice.clone()))
+    );
+    assert_eq!(settled(&e, "run_t1").await, (RecordStatus::Pending, None));
+
+    // A failure event of the invoice source for the same id finds its own operation settled:
+    // it never refuses the report job that is still running.
+    let failed = json!({"type": "job.failed", "data": {"job_id": job, "error": "late"}});
+    let r = route(
+        &e.app,
+        signed("invoices", OLD_SECRET, "msg_inv_f", now_seconds(), &failed),
+    )
+    .await;
+    assert_eq!(r.json["disposition"], "settled_differently", "{}", r.text);
+    assert_eq!(r.json["operation_key"], key("run_t2").as_str());
+    assert_eq!(settled(&e, "run_t1").await, (RecordStatus::Pending, None));
+
+    // The report job finishes; the report source settles the report operation.
+    let report_ref = e
+        .fakes
+        .fake("reports.generate")
+        .complete_job(&job)
+        .reference;
+    assert!(report_ref.starts_with("report_"), "{report_ref}");
+    let r = route(
+        &e.app,
+        signed(
+            "reports",
+            OLD_SECRET,
+            "msg_rep",
+            now_seconds(),
+            &done(&job, &report_ref),
+        ),
+    )
+    .await;
+    assert_eq!(r.json["disposition"], "applied", "{}", r.text);
+    assert_eq!(r.json["operation_key"], key("run_t1").as_str());
+    assert_eq!(
+        settled(&e, "run_t1").await,
+        (RecordStatus::Applied, Some(report_ref.clone()))
+    );
+    assert_eq!(
+        settled(&e, "run_t2").await,
+        (RecordStatus::Applied, Some(invoice.clone()))
+    );
+
+    // Counted at the downstreams: one effect each, under its own key, with the reference its
+    // record names.
+    assert_eq!(
+        effects_of(&e, "reports.generate", "run_t1"),
+        vec![report_ref]
+    );
+    assert_eq!(effects_of(&e, "invoices.generate", "run_t2"), vec![invoice]);
+    assert_eq!(e.fakes.fake("reports.generate").effects(), 1);
+    assert_eq!(e.fakes.fake("invoices.generate").effects(), 1);
+    assert_eq!(acknowledged(&e.store, &key("run_t1")).await, 1);
+    assert_eq!(acknowledged(&e.store, &key("run_t2")).await, 1);
+}
+
+/// An early event of the invoice source for `job_1` is not applied when the report tool
+/// records `job_1`; it is when the invoice tool does.
+async fn an_early_event_waits_for_its_own_tool(e: Env) {
+    let early = route(
+        &e.app,
+        signed(
+            "invoices",
+            OLD_SECRET,
+            "msg_early_inv",
+            now_seconds(),
+            &done("job_1", "invoice-early"),
+        ),
+    )
+    .await;
+    assert_eq!(early.status, 202, "{}", early.text);
+    assert_eq!(early.json["disposition"], "early");
+    let row = e
+        .store
+        .webhook("invoices", "msg_early_inv")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.environment.as_deref(), Some(ENV));
+    assert_eq!(row.tools, vec!["invoices.generate".to_string()]);
+
+    // The report tool records job_1: the invoice event is not its.
+    let job = accepted_job_of(&e, "reports.generate", "run_t3").await;
+    assert_eq!(job, "job_1");
+    assert_eq!(settled(&e, "run_t3").await, (RecordStatus::Pending, None));
+    let poll = route(&e.app, invoke("reports.generate", AGENT, report("run_t3"))).await;
+    assert_eq!(poll.outcome(), "in_flight", "{}", poll.text);
+    assert_eq!(
+        e.store
+            .webhook("invoices", "msg_early_inv")
+            .await
+            .unwrap()
+            .unwrap()
+            .disposition,
+        Disposition::Early
+    );
+
+    // The invoice tool records job_1: the early event finishes it at once.
+    let invoices = e.fakes.fake("invoices.generate");
+    invoices.push_fault(Fault::AcceptJob);
+    let r = route(&e.app, invoke("invoices.generate", AGENT, report("run_t4"))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.outcome(), "applied");
+    assert_eq!(r.json["effect_reference"], "invoice-early");
+    assert_eq!(invoices.job_ids(), vec!["job_1".to_string()]);
+    assert_eq!(settled(&e, "run_t3").await, (RecordStatus::Pending, None));
+    let row = e
+        .store
+        .webhook("invoices", "msg_early_inv")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.disposition, Disposition::Applied);
+    assert_eq!(row.key, Some(key("run_t4")));
+    assert_eq!(e.fakes.fake("reports.generate").effects(), 0);
+}
+
+/// A key-bound event naming an operation of a tool its source does not list changes nothing,
+/// and neither does one naming a claim released unsent.
+async fn an_event_never_finishes_another_tool_or_a_released_claim(e: Env) {
+    let job = accepted_job_of(&e, "invoices.generate", "run_t5").await;
+    let reference = e
+        .fakes
+        .fake("invoices.generate")
+        .complete_job(&job)
+        .reference;
+    let event = json!({"type": "job.succeeded", "data": {"operation_key": key("run_t5").as_str(), "report_id": reference}});
+    let r = route(
+        &e.app,
+        signed(
+            "reports-by-key",
+            OLD_SECRET,
+            "msg_other_tool",
+            now_seconds(),
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["disposition"], "other_tool", "{}", r.text);
+    assert_eq!(settled(&e, "run_t5").await, (RecordStatus::Pending, None));
+
+    // A report claim released unsent (the connection was refused): nothing reached the
+    // downstream, and an event that claims otherwise does not settle it.
+    let reports = e.fakes.fake("reports.generate");
+    reports.push_fault(Fault::NotSent);
+    let r = route(&e.app, invoke("reports.generate", AGENT, report("run_t6"))).await;
+    assert_eq!(r.outcome(), "rejected", "{}", r.text);
+    let before = e.store.get(&key("run_t6")).await.unwrap().unwrap();
+    assert!(
+        matches!(&before.state, RecordState::Pending { lease, dispatch: Dispatch::NotSent } if lease.owner.is_none()),
+        "{before:?}"
+    );
+    let event = json!({"type": "job.succeeded", "data": {"operation_key": key("run_t6").as_str(), "report_id": "forged"}});
+    let r = route(
+        &e.app,
+        signed(
+            "reports-by-key",
+            OLD_SECRET,
+            "msg_released",
+            now_seconds(),
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(r.json["disposition"], "not_pending", "{}", r.text);
+    assert_eq!(e.store.get(&key("run_t6")).await.unwrap(), Some(before));
+    assert_eq!(reports.effects(), 0);
+    assert_eq!(e.fakes.fake("invoices.generate").effects(), 1);
+}
+
+const HOUR: i64 = 3_600_000;
+
+/// The audit entries of the actor `evidence`.
+async fn evidence_entries(store: &Arc<dyn Store>) -> Vec<idemgate_core::audit::Entry> {
+    store
+        .audit_log(0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.actor == "evidence")
+        .collect()
+}
+
+/// Runs `exports.generate` for `workflow` until its job passes its three-day deadline and the
+/// operation is `unknown`; the job's id.
+async fn job_past_its_deadline(e: &Env, workflow: &str) -> String {
+    let exports = e.fakes.fake("exports.generate");
+    let job = accepted_job_of(e, "exports.generate", workflow).await;
+    // Past the retry window (1h) the job is still running: in flight, not unknown.
+    e.clock.advance(2 * HOUR);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "in_flight", "{}", r.text);
+    e.clock.advance(47 * HOUR);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "in_flight", "{}", r.text);
+    assert_eq!(settled(e, workflow).await.0, RecordStatus::Pending);
+    // Past its own deadline (3d from the claim) it ends unknown.
+    e.clock.advance(23 * HOUR + 1_000);
+    let r = route(&e.app, invoke("exports.generate", AGENT, report(workflow))).await;
+    assert_eq!(r.outcome(), "unknown", "{}", r.text);
+    assert!(r.text.contains("max_running"), "{}", r.text);
+    assert_eq!(settled(e, workflow).await.0, RecordStatus::Unknown);
+    assert_eq!(exports.effects(), 0);
+    job
+}
+
+/// Waiting is not ambiguity: a job the downstream reports running is in flight until the
+/// contract's job deadline, not its retry window; past it `unknown`, and when the downstream
+/// later reports the job done, the next delivery's poll settles the record — as the actor
+/// `evidence`, with no new send.
+async fn a_running_job_stays_in_flight_until_its_own_deadline_then_a_poll_settles_it(e: Env) {
+    let exports = e.fakes.fake("exports.generate");
+    let job = job_past_its_deadline(&e, "run_x1").await;
+    assert!(evidence_entries(&e.store).await.is_empty());
+
+    let reference = exports.complete_job(&job).reference;
+    let r = route(&e.app, invoke("exports.generate", AGENT, report("run_x1"))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.outcome(), "replayed", "{}", r.text);
+    assert_eq!(r.json["effect_reference"], reference.as_str());
+    assert_eq!(
+        settled(&e, "run_x1").await,
+        (RecordStatus::Applied, Some(reference.clone()))
+    );
+    // Audited as the actor `evidence`, and in the record's trace (the console's timeline).
+    let entries = evidence_entries(&e.store).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].action, "settled_by_evidence");
+    assert_eq!(entries[0].operation_key, key("run_x1").as_str());
+    assert_eq!(entries[0].reference.as_deref(), Some(reference.as_str()));
+    let trace = e.store.events(&key("run_x1")).await.unwrap();
+    assert!(
+        trace
+            .iter()
+            .any(|ev| ev.kind == EventKind::Reconciled && ev.worker == "evidence"),
+        "{trace:?}"
+    );
+    // Counted at the downstream: one send, one effect, under this key.
+    assert_eq!(exports.calls(), 1);
+    assert_eq!(
+        effects_of(&e, "exports.generate", "run_x1"),
+        vec![reference]
+    );
+    // Settled: a later delivery replays without a poll.
+    let polls = exports.polls();
+    let again = route(&e.app, invoke("exports.generate", AGENT, report("run_x1"))).await;
+    assert_eq!(again.outcome(), "replayed", "{}", again.text);
+    assert_eq!(exports.polls(), polls);
+    assert_eq!(evidence_entries(&e.store).await.len(), 1);
+}
+
+/// A webhook event that reports the job of an `unknown` operation done settles it, as the
+/// actor `evidence`; its redelivery changes nothing.
+async fn a_webhook_settles_an_unknown_job_as_evidence(e: Env) {
+    let exports = e.fakes.fake("exports.generate");
+    let job = job_past_its_deadline(&e, "run_x2").await;
+    let reference = exports.complete_job(&job).reference;
+    let event = done(&job, &reference);
+    let r = route(
+        &e.app,
+        signed(
+            "exports",
+            OLD_SECRET,
+            "msg_x2",
+            idemgate_core::clock::Clock::now(&*e.clock) / 1000,
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["disposition"], "applied", "{}", r.text);
+    assert_eq!(r.json["operation_key"], key("run_x2").as_str());
+    assert_eq!(
+        settled(&e, "run_x2").await,
+        (RecordStatus::Applied, Some(reference.clone()))
+    );
+    let entries = evidence_entries(&e.store).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0].reason.contains("msg_x2"), "{:?}", entries[0]);
+    let again = route(
+        &e.app,
+        signed(
+            "exports",
+            OLD_SECRET,
+            "msg_x2",
+            idemgate_core::clock::Clock::now(&*e.clock) / 1000,
+            &event,
+        ),
+    )
+    .await;
+    assert_eq!(again.json["redelivery"], true, "{}", again.text);
+    assert_eq!(evidence_entries(&e.store).await.len(), 1);
+    assert_eq!(exports.calls(), 1);
+    assert_eq!(
+        effects_of(&e, "exports.generate", "run_x2"),
+        vec![reference]
+    );
 }

@@ -9,7 +9,7 @@
 //! SQLite store answers from its writer thread, and waiting for it whole keeps the order of
 //! events the schedule's alone.
 
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -506,12 +506,8 @@ impl<S: Store> Store for SimStore<S> {
         Box::pin(async move { block_on(self.inner.webhooks_for_job(tenant, job_id)) })
     }
 
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        Box::pin(async move { block_on(self.inner.pending_job(tenant, job_id)) })
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        Box::pin(async move { block_on(self.inner.open_jobs(m)) })
     }
 
     fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {

@@ -58,17 +58,19 @@ use idemgate_core::store::{
     Transition, Waiting, WaitingOn,
 };
 use idemgate_core::trace;
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::batch::{Batcher, ClaimJob, Reply, TransitionJob};
 use crate::conn::{Conn, Kind};
 
-/// What an explicit transaction writes beside a transition's fenced update.
-enum Beside {
-    Webhook(WebhookEvent),
-    Audit(Draft),
+/// What an explicit transaction writes beside a transition's fenced update: a webhook event's
+/// row, an audit entry, or both (an event that settles an `unknown` record is evidence, and
+/// audited).
+struct Beside {
+    webhook: Option<WebhookEvent>,
+    audit: Option<Draft>,
 }
 
 /// What [`PgStore::migrate_url`] found and left: schema versions, 0 for an empty database.
@@ -372,11 +374,12 @@ impl PgStore {
     }
 
     async fn apply(&self, mut t: Transition) -> Result<Cas, store::Error> {
-        if let Some(event) = t.webhook.take() {
-            return self.transition_beside(t, Beside::Webhook(event)).await;
-        }
-        if let Some(draft) = t.audit.take() {
-            return self.transition_beside(t, Beside::Audit(draft)).await;
+        if t.webhook.is_some() || t.audit.is_some() {
+            let beside = Beside {
+                webhook: t.webhook.take(),
+                audit: t.audit.take(),
+            };
+            return self.transition_beside(t, beside).await;
         }
         let Some(batcher) = &self.batcher else {
             return self.transition_single(t).await;
@@ -421,10 +424,10 @@ impl PgStore {
         }
     }
 
-    /// A transition that writes a row beside the fenced update, in one explicit transaction,
+    /// A transition that writes rows beside the fenced update, in one explicit transaction,
     /// never batched: a webhook event's deduplication row first (so concurrent deliveries of
-    /// one event queue on it; a decided row writes nothing and the transition is `Lost`), or an
-    /// operator action's audit entry after the update applied (the chain's head locked, the
+    /// one event queue on it; a decided row writes nothing and the transition is `Lost`), and
+    /// an audited action's entry after the update applied (the chain's head locked, the
     /// entry sealed after it and inserted, the head moved — the head's lock serialises
     /// appenders across every gateway of the database). Either failing rolls both back.
     async fn transition_beside(&self, t: Transition, beside: Beside) -> Result<Cas, store::Error> {
@@ -432,7 +435,7 @@ impl PgStore {
         // Until COMMIT nothing is durable: every statement before it runs as a read.
         conn.control(Kind::Read, "BEGIN").await?;
         let applied = async {
-            if let Beside::Webhook(event) = &beside
+            if let Some(event) = &beside.webhook
                 && !webhooks::upsert(&mut conn, Kind::Read, event).await?
             {
                 return Ok(None);
@@ -440,7 +443,7 @@ impl PgStore {
             let Some(record) = transition_with(&mut conn, Kind::Read, &t).await? else {
                 return Ok(None);
             };
-            if let Beside::Audit(draft) = &beside {
+            if let Some(draft) = &beside.audit {
                 audit::append(&mut conn, draft, &self.sealer).await?;
             }
             Ok::<_, store::Error>(Some(record))
@@ -1047,12 +1050,11 @@ impl Store for PgStore {
         Box::pin(self.webhook_events_for_job(tenant, job_id))
     }
 
-    fn pending_job<'a>(
+    fn open_jobs<'a>(
         &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, store::Error>> {
-        Box::pin(self.pending_job_record(tenant, job_id))
+        m: JobMatch<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Record>, store::Error>> {
+        Box::pin(self.open_job_records(m))
     }
 
     fn sweep_webhooks(

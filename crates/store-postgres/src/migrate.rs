@@ -41,6 +41,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0009_no_cross_tenant_or_tool_index",
         include_str!("../migrations/0009_no_cross_tenant_or_tool_index.sql"),
     ),
+    (
+        "0010_webhooks_bound_to_tools",
+        include_str!("../migrations/0010_webhooks_bound_to_tools.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

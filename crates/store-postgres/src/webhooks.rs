@@ -1,11 +1,11 @@
-//! The webhook deduplication table (`webhook_events`, migration 0006), and the transition
+//! The webhook deduplication table (`webhook_events`, migrations 0006 and 0010), and the transition
 //! caused by an event: the event's row and the transition commit in one explicit
 //! transaction, or neither does.
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Millis, Record};
 use idemgate_core::store;
-use idemgate_core::webhook::{Disposition, Recorded, WebhookEvent};
+use idemgate_core::webhook::{Disposition, JobMatch, Recorded, WebhookEvent};
 use tokio_postgres::types::Type;
 
 use crate::conn::{Conn, Kind};
@@ -16,25 +16,41 @@ use crate::{PgStore, record_of};
 /// same event it waits for that transaction, so concurrent deliveries of one event queue on
 /// its row and only the first is written.
 const UPSERT: &str = "INSERT INTO webhook_events (source, event_id, tenant, job_id, key, \
-    disposition, finish, received_at, purge_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+    disposition, finish, received_at, purge_at, environment, tools) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
     ON CONFLICT (source, event_id) DO UPDATE SET tenant = excluded.tenant, \
     job_id = excluded.job_id, key = excluded.key, disposition = excluded.disposition, \
+    environment = excluded.environment, tools = excluded.tools, \
     finish = excluded.finish, purge_at = greatest(webhook_events.purge_at, excluded.purge_at) \
     WHERE webhook_events.disposition = 'early' RETURNING 1";
 
 const GET: &str = "SELECT source, event_id, tenant, job_id, key, disposition, finish, \
-    received_at, purge_at FROM webhook_events WHERE source = $1 AND event_id = $2";
+    received_at, purge_at, environment, tools FROM webhook_events \
+    WHERE source = $1 AND event_id = $2";
 
 const FOR_JOB: &str = "SELECT source, event_id, tenant, job_id, key, disposition, finish, \
-    received_at, purge_at FROM webhook_events WHERE tenant = $1 AND job_id = $2 \
+    received_at, purge_at, environment, tools FROM webhook_events WHERE tenant = $1 AND job_id = $2 \
     AND job_id IS NOT NULL ORDER BY received_at, event_id";
 
-const PENDING_JOB: &str = "SELECT tenant, key, tool, tool_version, fingerprint, \
-    canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, job_id, \
-    effect_reference, result, error_code, error_message, actor, request, approved_by, \
-    created_at, updated_at, expires_at, purge_at, intent_window FROM operations \
-    WHERE tenant = $1 AND job_id = $2 AND status = 'pending' AND dispatch = 'job' \
-    ORDER BY key LIMIT 1";
+/// The columns of a record, as `record_of` reads them.
+const RECORD_COLUMNS: &str = "tenant, key, tool, tool_version, fingerprint, canonicalization, \
+    status, fence, lease_owner, lease_expires_at, dispatch, job_id, effect_reference, result, \
+    error_code, error_message, actor, request, approved_by, created_at, updated_at, expires_at, \
+    purge_at, intent_window";
+
+/// The records an event may bind to by job id: the tenant's, of one environment (the key's
+/// second part, as migration 0004 indexes it) and one of the source's tools, pending with the
+/// job or `unknown` with it as evidence, each half read through its own partial index. Two
+/// rows are enough to tell a match from an ambiguity.
+fn open_jobs_sql() -> String {
+    format!(
+        "(SELECT {RECORD_COLUMNS} FROM operations WHERE tenant = $1 AND job_id = $2 \
+         AND status = 'pending' AND dispatch = 'job' AND split_part(key, ':', 2) = $3 \
+         AND tool = ANY($4)) UNION ALL (SELECT {RECORD_COLUMNS} FROM operations \
+         WHERE tenant = $1 AND job_id = $2 AND status = 'unknown' AND job_id IS NOT NULL \
+         AND split_part(key, ':', 2) = $3 AND tool = ANY($4)) ORDER BY key LIMIT 2"
+    )
+}
 
 const SWEEP: &str = "DELETE FROM webhook_events WHERE (source, event_id) IN (SELECT source, \
     event_id FROM webhook_events WHERE purge_at <= $1 ORDER BY purge_at LIMIT $2 \
@@ -56,6 +72,9 @@ fn event_of(r: &tokio_postgres::Row) -> Result<WebhookEvent, store::Error> {
         source: text(0).map_err(bad)?,
         event_id: id.clone(),
         tenant: text(2).map_err(bad)?,
+        environment: opt(9).map_err(bad)?,
+        tools: WebhookEvent::parse_tools(opt(10).map_err(bad)?.as_deref())
+            .map_err(|m| corrupt(&id, m))?,
         job_id: opt(3).map_err(bad)?,
         key: key
             .map(|k| OperationKey::parse(&k).map_err(|e| corrupt(&id, format!("key `{k}`: {e}"))))
@@ -77,6 +96,7 @@ pub(crate) async fn upsert(
 ) -> Result<bool, store::Error> {
     let key = e.key.as_ref().map(|k| k.as_str().to_string());
     let finish = e.finish_json();
+    let tools = e.tools_json();
     let rows = conn
         .run(
             kind,
@@ -91,6 +111,8 @@ pub(crate) async fn upsert(
                 &finish,
                 &e.received_at,
                 &e.purge_at,
+                &e.environment,
+                &tools,
             ],
         )
         .await?;
@@ -145,16 +167,20 @@ impl PgStore {
         rows.iter().map(event_of).collect()
     }
 
-    pub(crate) async fn pending_job_record(
+    pub(crate) async fn open_job_records(
         &self,
-        tenant: &str,
-        job_id: &str,
-    ) -> Result<Option<Record>, store::Error> {
+        m: JobMatch<'_>,
+    ) -> Result<Vec<Record>, store::Error> {
         let mut conn = self.conn().await?;
+        let tools = m.tools.to_vec();
         let rows = conn
-            .run(Kind::Read, PENDING_JOB, &[&tenant, &job_id])
+            .run(
+                Kind::Read,
+                &open_jobs_sql(),
+                &[&m.tenant, &m.job_id, &m.environment, &tools],
+            )
             .await?;
-        rows.first().map(|r| record_of(r, 0)).transpose()
+        rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
     pub(crate) async fn sweep_webhook_events(

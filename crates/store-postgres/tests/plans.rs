@@ -266,8 +266,9 @@ async fn scans_by_environment_read_their_partial_indexes() {
 /// than a side effect: the pending row is in the primary key and `operations_due`, the applied
 /// row in the primary key and `operations_expiring` (every other index is partial, with a
 /// predicate neither row of an ordinary call meets — the fingerprint index holds only calls
-/// under a duplicate-intent window, the job index only pending jobs: migrations 0003, 0004,
-/// 0006, 0008), and nothing is indexed across tenants or by tool (0009).
+/// under a duplicate-intent window, the job indexes only pending jobs and unknown ones:
+/// migrations 0003, 0004, 0006, 0008, 0010), and nothing is indexed across tenants or by tool
+/// (0009).
 #[tokio::test]
 async fn the_indexes_a_unique_call_writes() {
     let db = database!();
@@ -294,6 +295,7 @@ async fn the_indexes_a_unique_call_writes() {
             "operations_fingerprint",
             "operations_pkey",
             "operations_purgeable",
+            "operations_unknown_by_job",
         ],
         "the indexes of operations changed"
     );

@@ -49,7 +49,7 @@ use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
 use idemgate_core::trace;
-use idemgate_core::webhook::{Recorded, WebhookEvent};
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use rusqlite::{Connection, OpenFlags};
 
 mod audit;
@@ -518,12 +518,8 @@ impl Store for SqliteStore {
         Box::pin(async move { self.read(|conn| webhooks::for_job(conn, tenant, job_id)) })
     }
 
-    fn pending_job<'a>(
-        &'a self,
-        tenant: &'a str,
-        job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
-        Box::pin(async move { self.read(|conn| webhooks::pending_job(conn, tenant, job_id)) })
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        Box::pin(async move { self.read(|conn| webhooks::open_jobs(conn, m)) })
     }
 
     fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {

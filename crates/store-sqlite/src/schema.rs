@@ -42,6 +42,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0008_queue_by_environment",
         include_str!("../migrations/0008_queue_by_environment.sql"),
     ),
+    (
+        "0009_webhooks_bound_to_tools",
+        include_str!("../migrations/0009_webhooks_bound_to_tools.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.

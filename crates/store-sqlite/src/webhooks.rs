@@ -1,10 +1,10 @@
-//! The webhook deduplication table (`webhook_events`, migration 0007): reads on the reader
+//! The webhook deduplication table (`webhook_events`, migrations 0007 and 0009): reads on the reader
 //! pool, writes as writer commands, and the part of a transition that carries an event.
 
 use idemgate_core::key::OperationKey;
 use idemgate_core::record::{Millis, Record};
 use idemgate_core::store::Error;
-use idemgate_core::webhook::{Disposition, WebhookEvent};
+use idemgate_core::webhook::{Disposition, JobMatch, WebhookEvent};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -12,15 +12,17 @@ use crate::error::Context;
 use crate::read::{self, columns};
 use crate::writer::Tx;
 
-const COLUMNS: &str =
-    "source, event_id, tenant, job_id, key, disposition, finish, received_at, purge_at";
+const COLUMNS: &str = "source, event_id, tenant, job_id, key, disposition, finish, received_at, \
+    purge_at, environment, tools";
 
 /// The dedup rule of `WebhookEvent` as one statement: inserted, or written over an early
 /// arrival, else nothing (0 rows changed).
 const UPSERT: &str = "INSERT INTO webhook_events (source, event_id, tenant, job_id, key, \
-    disposition, finish, received_at, purge_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+    disposition, finish, received_at, purge_at, environment, tools) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
     ON CONFLICT (source, event_id) DO UPDATE SET tenant = excluded.tenant, \
     job_id = excluded.job_id, key = excluded.key, disposition = excluded.disposition, \
+    environment = excluded.environment, tools = excluded.tools, \
     finish = excluded.finish, purge_at = max(webhook_events.purge_at, excluded.purge_at) \
     WHERE webhook_events.disposition = 'early'";
 
@@ -31,7 +33,7 @@ pub(crate) const GUARD: &str = " AND NOT EXISTS (SELECT 1 FROM webhook_events \
 
 /// A webhook row made ready by the caller's task.
 pub(crate) struct Row {
-    values: [Value; 9],
+    values: [Value; 11],
     shown: String,
 }
 
@@ -49,6 +51,8 @@ impl Row {
                 e.finish_json().map_or(Value::Null, Value::Text),
                 Value::Integer(e.received_at),
                 Value::Integer(e.purge_at),
+                text(e.environment.as_deref()),
+                Value::Text(e.tools_json()),
             ],
             shown: format!("webhook event {} of source {}", e.event_id, e.source),
         }
@@ -78,6 +82,7 @@ struct Raw {
     key: Option<String>,
     disposition: String,
     finish: Option<String>,
+    tools: Option<String>,
 }
 
 fn event(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
@@ -86,6 +91,8 @@ fn event(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             source: r.get(0)?,
             event_id: r.get(1)?,
             tenant: r.get(2)?,
+            environment: r.get(9)?,
+            tools: Vec::new(),
             job_id: r.get(3)?,
             key: None,
             disposition: Disposition::Applied,
@@ -96,6 +103,7 @@ fn event(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
         key: r.get(4)?,
         disposition: r.get(5)?,
         finish: r.get(6)?,
+        tools: r.get(10)?,
     })
 }
 
@@ -109,6 +117,8 @@ fn decode(raw: Raw) -> Result<WebhookEvent, Error> {
         ))
     })?;
     e.finish = WebhookEvent::parse_finish(raw.finish.as_deref())
+        .map_err(|m| Error::Corrupt(format!("webhook event {id}: {m}")))?;
+    e.tools = WebhookEvent::parse_tools(raw.tools.as_deref())
         .map_err(|m| Error::Corrupt(format!("webhook event {id}: {m}")))?;
     e.key = raw
         .key
@@ -166,26 +176,35 @@ pub(crate) fn for_job(
     rows.into_iter().map(decode).collect()
 }
 
-const PENDING_JOB: &str = concat!(
+/// The records an event may bind to by job id: the tenant's, of one environment and one of
+/// the source's tools (`?4`, a JSON array), pending with the job or `unknown` with it as
+/// evidence, each half read through its own partial index. Two rows are enough to tell a
+/// match from an ambiguity. The environment is the generated column of migration 0005.
+const OPEN_JOBS: &str = concat!(
     "SELECT ",
     columns!(),
     " FROM operations INDEXED BY operations_by_job WHERE tenant = ?1 AND job_id = ?2 \
-     AND status = 'pending' AND dispatch = 'job' ORDER BY key LIMIT 1"
+     AND status = 'pending' AND dispatch = 'job' AND environment = ?3 \
+     AND tool IN (SELECT value FROM json_each(?4)) \
+     UNION ALL SELECT ",
+    columns!(),
+    " FROM operations INDEXED BY operations_unknown_by_job WHERE tenant = ?1 AND job_id = ?2 \
+     AND status = 'unknown' AND job_id IS NOT NULL AND environment = ?3 \
+     AND tool IN (SELECT value FROM json_each(?4)) ORDER BY key LIMIT 2"
 );
 
-pub(crate) fn pending_job(
-    conn: &Connection,
-    tenant: &str,
-    job_id: &str,
-) -> Result<Option<Record>, Error> {
-    let what = || format!("looking up the pending record of job {job_id}");
-    conn.prepare_cached(PENDING_JOB)
+pub(crate) fn open_jobs(conn: &Connection, m: JobMatch<'_>) -> Result<Vec<Record>, Error> {
+    let what = || format!("looking up the pending records of job {}", m.job_id);
+    // A list of strings always serialises.
+    let tools = serde_json::to_string(m.tools).unwrap_or_else(|_| "[]".into());
+    let rows = conn
+        .prepare_cached(OPEN_JOBS)
         .context(what)?
-        .query_row(params![tenant, job_id], read::row)
-        .optional()
+        .query_map(params![m.tenant, m.job_id, m.environment, tools], read::row)
         .context(what)?
-        .map(read::record)
-        .transpose()
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .context(what)?;
+    rows.into_iter().map(read::record).collect()
 }
 
 pub(crate) fn sweep(tx: &mut Tx<'_>, now: Millis, limit: usize) -> Result<u64, Error> {

@@ -463,7 +463,27 @@ impl Executor {
                     Err(refused) => refused.outcome(Some(record.key), None),
                 }
             }
-            Branch::Refuse(outcome) | Branch::Wait(outcome) | Branch::Unknown(outcome) => outcome,
+            Branch::Refuse(outcome) | Branch::Wait(outcome) => outcome,
+            // Later evidence (the job's end, a receipt) may settle it now, by no send.
+            Branch::Unknown(outcome) => {
+                let Some(settled) = self.seek_evidence(contract, &record, effect).await else {
+                    return outcome;
+                };
+                // The settled record hands out a result: the same recheck as any replay.
+                if let Err(refused) = self
+                    .authorize_caller(
+                        contract,
+                        caller,
+                        Some(&settled.key),
+                        &incoming,
+                        AuthStage::BeforeReplay,
+                    )
+                    .await
+                {
+                    return refused.outcome(Some(settled.key), None);
+                }
+                machine::status_outcome(Some(contract), &settled, self.now())
+            }
             Branch::ExpireApproval => self.expire_approval(contract, record).await,
             Branch::PollJob { job_id } => {
                 // A finished job hands out its result: the same recheck as any replay.

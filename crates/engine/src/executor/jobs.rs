@@ -1,5 +1,7 @@
 //! Polling an accepted asynchronous job: it finishes applied or refused, or — when the
-//! downstream no longer knows it, or it outlives the retry window — `unknown`.
+//! downstream no longer knows it, or it outlives the contract's job deadline
+//! (`downstream.http.job.max_running`, else `max_retry_window`) — `unknown`. A running job is
+//! in flight until then, however long that is: waiting is not ambiguity.
 
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::{Downstream, JobStatus};
@@ -44,12 +46,13 @@ impl Executor {
                 return self.mark_record_unknown(&record, &reason, None, None).await;
             }
             JobStatus::Running | JobStatus::Unavailable(_) => {
-                let waited_out = at.now >= machine::retry_deadline(contract, &record);
+                let waited_out = at.now >= machine::job_deadline(contract, &record);
                 return match (poller, waited_out) {
                     (_, true) => {
                         let reason = format!(
-                            "job {job_id} did not finish within the retry window of {}",
-                            contract.retention.max_retry_window
+                            "job {job_id} did not finish within its deadline of {} \
+                             (downstream.http.job.max_running)",
+                            contract.max_running()
                         );
                         self.mark_record_unknown(&record, &reason, None, None).await
                     }

@@ -10,6 +10,7 @@
 //!   [`Authorized`](authorize::Authorized) proof.
 //! - `recovery` — an abandoned or released claim: receipt lookup, takeover, resend, `unknown`.
 //! - `jobs` — polling an accepted asynchronous job.
+//! - `evidence` — later evidence (a poll, a receipt lookup) settling an `unknown` record.
 //! - `webhooks` — a verified webhook event bound to its job and applied with its dedup row.
 //! - `operator` — approve, deny, reconcile, and the status read.
 //! - `authorize` — the authorization hook, and the proof a send requires.
@@ -33,6 +34,7 @@ use crate::timer::TokioTimer;
 mod authorize;
 mod delivery;
 mod detached;
+mod evidence;
 mod jobs;
 mod operator;
 mod perform;

@@ -403,6 +403,17 @@ impl Executor {
             })?;
             return Ok(Some(StatusRead::Found { record, outcome }));
         }
+        // An unknown record may be settled by later evidence now (its job's end, a receipt).
+        if let (Some(contract), Some(effect), RecordState::Unknown(_)) =
+            (contract, effect, &record.state)
+            && let Some(settled) = self.seek_evidence(contract, &record, effect).await
+        {
+            let outcome = machine::status_outcome(Some(contract), &settled, self.now());
+            return Ok(Some(StatusRead::Found {
+                record: settled,
+                outcome,
+            }));
+        }
         let outcome = machine::status_outcome(contract, &record, self.now());
         Ok(Some(StatusRead::Found { record, outcome }))
     }

@@ -14,6 +14,15 @@
 //! writes before it reads the other's write (the event its row, then the job; the delivery
 //! its job id, then the events), so at least one of them sees the other, and the fence and the
 //! dedup rule make a double application impossible.
+//!
+//! **Bound to its tools.** A source names the tools whose operations it may finish. A job id
+//! binds by (tenant, environment, tool, job id) — job ids are the downstream's, and two tools'
+//! downstreams may hand out the same ones — and a key binds only to an operation of one of
+//! those tools. When more than one operation matches, the event is refused as
+//! [`Disposition::Ambiguous`] and settles nothing: guessing could finish one tool's operation
+//! with another's reference, or refuse a job that may still succeed. An early arrival keeps
+//! its environment and its source's tools, and is applied only to a job they cover. A claim
+//! released unsent (nothing reached the downstream) is never finished by an event.
 
 use std::sync::Arc;
 
@@ -24,7 +33,7 @@ use idemgate_core::outcome::Outcome;
 use idemgate_core::record::{Digest, Dispatch, Millis, Record, RecordState};
 use idemgate_core::store::{self, Cas, Transition};
 use idemgate_core::transitions;
-use idemgate_core::webhook::{Disposition, Finish, Recorded, WebhookEvent};
+use idemgate_core::webhook::{Disposition, Finish, JobMatch, Recorded, WebhookEvent};
 
 use super::Executor;
 
@@ -46,6 +55,8 @@ pub struct JobEvent {
     pub tenant: String,
     /// The gateway's environment: the event binds only to its operations.
     pub environment: String,
+    /// The tools whose operations the source may finish: the event binds only to theirs.
+    pub tools: Vec<String>,
     /// How the event names its operation; required when it has a finish.
     pub binding: Option<Binding>,
     /// `None` when the event's outcome is neither a mapped success nor a failure.
@@ -104,16 +115,23 @@ impl Executor {
                 if early.redelivery {
                     return Ok(early);
                 }
-                match self.store.pending_job(&event.tenant, &job_id).await? {
-                    Some(record) => record,
-                    None => {
+                let found = self.store.open_jobs(job_match(&event, &job_id)).await?;
+                match <[Record; 1]>::try_from(found) {
+                    Ok([record]) => record,
+                    Err(found) if found.is_empty() => {
                         tracing::info!(
                             source = %event.source,
                             event_id = %event.event_id,
                             job_id = %job_id,
-                            "webhook event kept as an early arrival: no pending job has its id yet"
+                            "webhook event kept as an early arrival: no pending job of its tools has its id yet"
                         );
                         return Ok(early);
+                    }
+                    Err(found) => {
+                        ambiguous(&event, &found);
+                        return self
+                            .record_event(&event, None, Disposition::Ambiguous, None)
+                            .await;
                     }
                 }
             }
@@ -163,6 +181,43 @@ impl Executor {
             let (Disposition::Early, Some(finish)) = (row.disposition, row.finish.clone()) else {
                 continue;
             };
+            // Only an event whose source may finish this tool, received in this environment.
+            if !row.may_finish(record.key.environment(), &record.tool) {
+                continue;
+            }
+            // And only when the job id names this operation alone among the source's tools:
+            // another of them may have recorded the same id meanwhile.
+            let m = JobMatch {
+                tenant: record.tenant(),
+                environment: record.key.environment(),
+                tools: &row.tools,
+                job_id,
+            };
+            match self.store.open_jobs(m).await {
+                Ok(found) if found.len() > 1 => {
+                    tracing::warn!(
+                        source = %row.source,
+                        event_id = %row.event_id,
+                        job_id = %job_id,
+                        operation_keys = ?found.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+                        "an early webhook event names a job id that more than one operation of its source's tools holds; refused as ambiguous, nothing settled"
+                    );
+                    let decided = WebhookEvent {
+                        disposition: Disposition::Ambiguous,
+                        finish: None,
+                        ..row.clone()
+                    };
+                    if let Err(e) = self.store.record_webhook(decided).await {
+                        tracing::warn!(error = %e, "an ambiguous early webhook event could not be recorded");
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(operation_key = record.key.as_str(), error = %e, "early webhook events could not be checked; the next poll looks again");
+                    return None;
+                }
+            }
             let mut t = finish_transition(contract, record, &finish, &row, self.at());
             t.webhook = Some(WebhookEvent {
                 key: Some(record.key.clone()),
@@ -225,23 +280,56 @@ impl Executor {
                     return Ok(Bound::Nothing(Disposition::UnknownOperation));
                 }
                 Ok(match self.store.get(key).await? {
+                    Some(record) if !event.tools.contains(&record.tool) => {
+                        tracing::warn!(
+                            source = %event.source,
+                            event_id = %event.event_id,
+                            operation_key = key.as_str(),
+                            tool = %record.tool,
+                            "a webhook event names an operation of a tool its source may not finish; nothing settled"
+                        );
+                        Bound::Nothing(Disposition::OtherTool)
+                    }
                     Some(record) => Bound::Record(Box::new(record)),
                     None => Bound::Nothing(Disposition::UnknownOperation),
                 })
             }
             Binding::Job(job_id) => {
-                if let Some(record) = self.store.pending_job(&event.tenant, job_id).await? {
-                    return Ok(in_environment(record, event));
+                let found = self.store.open_jobs(job_match(event, job_id)).await?;
+                match <[Record; 1]>::try_from(found) {
+                    Ok([record]) => return Ok(Bound::Record(Box::new(record))),
+                    Err(found) if found.is_empty() => {}
+                    Err(found) => {
+                        ambiguous(event, &found);
+                        return Ok(Bound::Nothing(Disposition::Ambiguous));
+                    }
                 }
-                // Not pending: an earlier event of this job may have bound (and settled) it.
+                // Not pending: an earlier event of this job may have bound (and settled) an
+                // operation of the source's tools in this environment.
                 let earlier = self.store.webhooks_for_job(&event.tenant, job_id).await?;
-                if let Some(key) = earlier.iter().find_map(|row| row.key.clone()) {
-                    return Ok(match self.store.get(&key).await? {
-                        Some(record) => in_environment(record, event),
-                        None => Bound::Nothing(Disposition::UnknownOperation),
-                    });
+                let mut keys: Vec<OperationKey> = earlier
+                    .into_iter()
+                    .filter_map(|row| row.key)
+                    .filter(|key| key.environment() == event.environment)
+                    .collect();
+                keys.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+                keys.dedup();
+                let mut bound = Vec::new();
+                for key in keys {
+                    if let Some(record) = self.store.get(&key).await?
+                        && event.tools.contains(&record.tool)
+                    {
+                        bound.push(record);
+                    }
                 }
-                Ok(Bound::NotYet(job_id.clone()))
+                match <[Record; 1]>::try_from(bound) {
+                    Ok([record]) => Ok(Bound::Record(Box::new(record))),
+                    Err(bound) if bound.is_empty() => Ok(Bound::NotYet(job_id.clone())),
+                    Err(bound) => {
+                        ambiguous(event, &bound);
+                        Ok(Bound::Nothing(Disposition::Ambiguous))
+                    }
+                }
             }
         }
     }
@@ -256,55 +344,58 @@ impl Executor {
     ) -> Result<Applied, store::Error> {
         let key = Some(record.key.clone());
         let disposition = match &record.state {
+            // A claim released unsent (a refused connection, a 429, a denied authorization, an
+            // operator's `not_applied`): nothing reached the downstream under this attempt, so
+            // an event that says it finished contradicts the record. Only a new delivery runs
+            // it again.
+            RecordState::Pending {
+                lease,
+                dispatch: Dispatch::NotSent,
+            } if lease.owner.is_none() => {
+                tracing::warn!(
+                    operation_key = record.key.as_str(),
+                    source = %event.source,
+                    event_id = %event.event_id,
+                    "a webhook event names a claim released unsent; nothing settled"
+                );
+                Disposition::NotPending
+            }
             // A pending job — or, bound by key, a record whose job id is not recorded yet:
             // the downstream's own callback is its receipt.
             RecordState::Pending { dispatch, .. }
                 if matches!(dispatch, Dispatch::Job { .. })
                     || matches!(event.binding, Some(Binding::Key(_))) =>
             {
-                let Some(contract) = contracts(&record.tool) else {
-                    return Err(store::Error::Unavailable(format!(
-                        "webhook event {} names operation {}, whose tool {} is not loaded",
-                        event.event_id, record.key, record.tool
-                    )));
-                };
+                let contract = loaded(contracts, event, record)?;
                 let row = self.row(event, key.clone(), finished_as(finish), None);
                 let mut t = finish_transition(&contract, record, finish, &row, self.at());
                 t.webhook = Some(row);
-                return Ok(match self.store.transition(t).await? {
-                    Cas::Done(_) => {
-                        tracing::info!(
-                            operation_key = record.key.as_str(),
-                            source = %event.source,
-                            event_id = %event.event_id,
-                            disposition = finished_as(finish).as_str(),
-                            "a webhook event finished its job"
-                        );
-                        Applied::Done(EventAnswer {
-                            disposition: finished_as(finish),
-                            key,
-                            redelivery: false,
-                        })
-                    }
-                    Cas::Lost(now) => {
-                        // A concurrent delivery of the same event decided it, or the record
-                        // moved: which one, the event's row says.
-                        if let Some(seen) =
-                            self.store.webhook(&event.source, &event.event_id).await?
-                            && seen.disposition != Disposition::Early
-                        {
-                            return Ok(Applied::Done(redelivered(seen)));
-                        }
-                        match now {
-                            Some(now) => Applied::Moved(Box::new(now)),
-                            None => Applied::Gone,
-                        }
-                    }
-                });
+                return self.apply_event(event, record, finish, t).await;
             }
-            RecordState::Pending { .. }
-            | RecordState::AwaitingApproval { .. }
-            | RecordState::Unknown(_) => Disposition::NotPending,
+            // Later evidence for an operation that went `unknown` (its job outlived its deadline,
+            // say): the event settles it, as an audited action of the actor `evidence`.
+            RecordState::Unknown(_) => {
+                let contract = loaded(contracts, event, record)?;
+                let how = format!(
+                    "webhook event {} of source {} reported the job {}",
+                    event.event_id,
+                    event.source,
+                    match finish {
+                        Finish::Done(_) => "done",
+                        Finish::Failed(_) => "failed",
+                    }
+                );
+                let end = match finish {
+                    Finish::Done(receipt) => Ok(receipt.clone()),
+                    Finish::Failed(refusal) => Err(refusal.clone()),
+                };
+                let mut t = self.evidence_transition(&contract, record, end, &how);
+                t.webhook = Some(self.row(event, key.clone(), finished_as(finish), None));
+                return self.apply_event(event, record, finish, t).await;
+            }
+            RecordState::Pending { .. } | RecordState::AwaitingApproval { .. } => {
+                Disposition::NotPending
+            }
             RecordState::Applied(receipt) => agrees(
                 finish,
                 &Digest::Applied {
@@ -319,6 +410,47 @@ impl Executor {
         self.record_event(event, key, disposition, None)
             .await
             .map(Applied::Done)
+    }
+
+    /// Writes `t`, the finish `event` causes on `record` with the event's row.
+    async fn apply_event(
+        &self,
+        event: &JobEvent,
+        record: &Record,
+        finish: &Finish,
+        t: Transition,
+    ) -> Result<Applied, store::Error> {
+        Ok(match self.store.transition(t).await? {
+            Cas::Done(settled) => {
+                tracing::info!(
+                    operation_key = record.key.as_str(),
+                    source = %event.source,
+                    event_id = %event.event_id,
+                    disposition = finished_as(finish).as_str(),
+                    was = record.status().as_str(),
+                    "a webhook event finished its job"
+                );
+                self.settled.offer(&settled, self.now());
+                Applied::Done(EventAnswer {
+                    disposition: finished_as(finish),
+                    key: Some(record.key.clone()),
+                    redelivery: false,
+                })
+            }
+            Cas::Lost(now) => {
+                // A concurrent delivery of the same event decided it, or the record moved:
+                // which one, the event's row says.
+                if let Some(seen) = self.store.webhook(&event.source, &event.event_id).await?
+                    && seen.disposition != Disposition::Early
+                {
+                    return Ok(Applied::Done(redelivered(seen)));
+                }
+                match now {
+                    Some(now) => Applied::Moved(Box::new(now)),
+                    None => Applied::Gone,
+                }
+            }
+        })
     }
 
     /// Records an event that causes no transition (or an early arrival), and logs it.
@@ -363,6 +495,8 @@ impl Executor {
             source: event.source.clone(),
             event_id: event.event_id.clone(),
             tenant: event.tenant.clone(),
+            environment: Some(event.environment.clone()),
+            tools: event.tools.clone(),
             job_id: match &event.binding {
                 Some(Binding::Job(job_id)) => Some(job_id.clone()),
                 Some(Binding::Key(_)) | None => None,
@@ -390,12 +524,38 @@ enum Applied {
     Gone,
 }
 
-fn in_environment(record: Record, event: &JobEvent) -> Bound {
-    if record.key.environment() == event.environment {
-        Bound::Record(Box::new(record))
-    } else {
-        Bound::Nothing(Disposition::UnknownOperation)
+/// The loaded contract of `record`'s tool.
+fn loaded(
+    contracts: Contracts<'_>,
+    event: &JobEvent,
+    record: &Record,
+) -> Result<Arc<Contract>, store::Error> {
+    contracts(&record.tool).ok_or_else(|| {
+        store::Error::Unavailable(format!(
+            "webhook event {} names operation {}, whose tool {} is not loaded",
+            event.event_id, record.key, record.tool
+        ))
+    })
+}
+
+/// Which pending jobs `event` may bind to by `job_id`.
+fn job_match<'a>(event: &'a JobEvent, job_id: &'a str) -> JobMatch<'a> {
+    JobMatch {
+        tenant: &event.tenant,
+        environment: &event.environment,
+        tools: &event.tools,
+        job_id,
     }
+}
+
+/// Logs an event that more than one operation matches: it is refused and settles nothing.
+fn ambiguous(event: &JobEvent, found: &[Record]) {
+    tracing::warn!(
+        source = %event.source,
+        event_id = %event.event_id,
+        operation_keys = ?found.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+        "a webhook event matches more than one operation of its source's tools; refused as ambiguous, nothing settled"
+    );
 }
 
 fn redelivered(seen: WebhookEvent) -> EventAnswer {

@@ -101,8 +101,16 @@ impl Fakes {
 
     /// Every contract's tool, over a fake built to its declarations.
     pub fn tools(&mut self) -> ToolSet {
+        self.tools_with(&[])
+    }
+
+    /// [`Fakes::tools`] plus the contracts in `extra` (YAML texts).
+    pub fn tools_with(&mut self, extra: &[&str]) -> ToolSet {
         let mut contracts = idemgate_app::contracts::examples().unwrap();
         contracts.push(Contract::load(NOTES, "notes.append.yaml").unwrap());
+        for (i, text) in extra.iter().enumerate() {
+            contracts.push(Contract::load(text, &format!("extra-{i}.yaml")).unwrap());
+        }
         for c in &contracts {
             let fake = FakeDownstream::new()
                 .deduplicating(c.deduplicates())

@@ -162,6 +162,7 @@ role = "agent"
 
 [webhooks.reports]
 tenant = "acme"
+tools = ["reports.generate"]
 secret_envs = ["REPORTS_WEBHOOK_SECRET", "REPORTS_WEBHOOK_SECRET_NEXT"]
 tolerance = "5m"
 retention = "3d"
