@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
@@ -341,6 +341,17 @@ impl<S: Store> Store for FaultyStore<S> {
         Box::pin(async move {
             self.read(Read::List)?;
             self.inner.list(filter).await
+        })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            self.read(Read::List)?;
+            self.inner.count(environment, status).await
         })
     }
 

@@ -363,6 +363,22 @@ impl Store for MemStore {
         })
     }
 
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            let n = tables
+                .records
+                .values()
+                .filter(|r| r.key.environment() == environment && r.status() == status)
+                .count();
+            Ok(n as u64)
+        })
+    }
+
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move {
             let tables = self.lock();

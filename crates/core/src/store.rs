@@ -306,6 +306,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records matching `filter`, ordered by key.
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
+    /// How many records of `environment`, across tenants, are in `status`: the depth of the
+    /// reconciliation queue that `/metrics` reports. Exact however many there are (no page
+    /// limit); a store counts on an index where it has one. Never writes.
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>>;
+
     /// Records whose deadline has come, for the recoverer (see the trait's rule): at most
     /// `limit`, in (`due_at`, key) order after the cursor.
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
@@ -413,6 +422,13 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).list(filter)
+    }
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        (**self).count(environment, status)
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).due(query)

@@ -446,6 +446,17 @@ impl<S: Store> Store for SimStore<S> {
         })
     }
 
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            self.before_read("count").await?;
+            block_on(self.inner.count(environment, status))
+        })
+    }
+
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move {
             self.before_read("due").await?;

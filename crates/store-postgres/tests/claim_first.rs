@@ -17,7 +17,7 @@ use idemgate_core::clock::SystemClock;
 use idemgate_core::effect::{AllowAll, Authorizer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
@@ -85,6 +85,13 @@ impl Store for Counted {
     }
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         self.inner.list(filter)
+    }
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        self.inner.count(environment, status)
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         self.inner.due(query)
