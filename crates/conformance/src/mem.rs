@@ -180,6 +180,12 @@ impl Store for MemStore {
         })
     }
 
+    // The read-first path, which the scenarios' read and write counts were written against;
+    // PostgreSQL runs the scenario matrix on both paths.
+    fn claim_replaces_read(&self) -> bool {
+        false
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,

@@ -317,6 +317,10 @@ impl<S: Store> Store for SimStore<S> {
         })
     }
 
+    fn claim_replaces_read(&self) -> bool {
+        self.inner.claim_replaces_read()
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,

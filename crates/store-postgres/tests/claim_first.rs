@@ -21,6 +21,7 @@ use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
+use idemgate_core::webhook::{Recorded, WebhookEvent};
 use idemgate_engine::{Executor, Settings};
 
 /// Counts the reads and claims the executor makes, and forwards everything.
@@ -106,6 +107,33 @@ impl Store for Counted {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         self.inner.sweep(environment, now, limit)
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        self.inner.webhook(source, event_id)
+    }
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        self.inner.record_webhook(event)
+    }
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        self.inner.webhooks_for_job(tenant, job_id)
+    }
+    fn pending_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, Error>> {
+        self.inner.pending_job(tenant, job_id)
+    }
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        self.inner.sweep_webhooks(now, limit)
     }
 }
 

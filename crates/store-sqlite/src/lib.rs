@@ -385,6 +385,12 @@ impl Store for SqliteStore {
         })
     }
 
+    // Every claim goes through the one writer thread: claiming a replay's key there, instead
+    // of reading it from a reader connection, would queue every replay behind the writes.
+    fn claim_replaces_read(&self) -> bool {
+        false
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,
