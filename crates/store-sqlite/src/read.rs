@@ -135,12 +135,12 @@ pub(crate) fn count(
         ),
     };
     let what = || format!("counting {} operations", status.as_str());
-    let mut stmt = conn.prepare_cached(sql).context(&what)?;
+    let mut stmt = conn.prepare_cached(sql).context(what)?;
     let n: i64 = stmt
         .query_row(rusqlite::params![status.as_str(), environment], |r| {
             r.get(0)
         })
-        .context(&what)?;
+        .context(what)?;
     Ok(n as u64)
 }
 
