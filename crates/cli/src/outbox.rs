@@ -126,6 +126,13 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
     let _ = client.flush().await;
-    println!("idemgate outbox: published {total} entries");
+    let parked = publisher.parked();
+    if parked > 0 {
+        println!(
+            "idemgate outbox: handled {total} entries, {parked} of them parked (the queue refuses them; see idemgate_outbox_parked)"
+        );
+    } else {
+        println!("idemgate outbox: published {total} entries");
+    }
     Ok(())
 }

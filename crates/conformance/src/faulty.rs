@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
@@ -72,6 +72,9 @@ pub struct FaultyStore<S> {
     state: Mutex<State>,
     after_claim: Gate,
     before_transition: Gate,
+    /// Set by [`FaultyStore::read_first`]: claim only after a read, whatever the inner store
+    /// offers.
+    read_first: bool,
 }
 
 #[derive(Debug, Default)]
@@ -109,7 +112,16 @@ impl<S> FaultyStore<S> {
             state: Mutex::new(State::default()),
             after_claim: Gate::new("store.after_claim"),
             before_transition: Gate::new("store.before_transition"),
+            read_first: false,
         }
+    }
+
+    /// Makes the executor read a key before claiming it even where the inner store offers
+    /// claim-first ([`Store::claim_replaces_read`]): the other path, for running a matrix on
+    /// both. Without it the wrapper forwards the inner store's answer.
+    pub fn read_first(mut self) -> FaultyStore<S> {
+        self.read_first = true;
+        self
     }
 
     /// The real store, to read back what was actually written, bypassing faults and counters.
@@ -283,6 +295,12 @@ impl<S: Store> Store for FaultyStore<S> {
         })
     }
 
+    /// The inner store's answer, unless [`FaultyStore::read_first`] chose the read-first path:
+    /// the fault matrix then runs the path production takes on that store.
+    fn claim_replaces_read(&self) -> bool {
+        !self.read_first && self.inner.claim_replaces_read()
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,
@@ -341,6 +359,17 @@ impl<S: Store> Store for FaultyStore<S> {
         Box::pin(async move {
             self.read(Read::List)?;
             self.inner.list(filter).await
+        })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            self.read(Read::List)?;
+            self.inner.count(environment, status).await
         })
     }
 

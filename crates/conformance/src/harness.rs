@@ -35,6 +35,8 @@ pub struct Fixture {
 pub struct Switch {
     answer: Mutex<Authorization>,
     asked: Mutex<Vec<String>>,
+    /// Says it asks nothing while it allows everything (see [`Switch::quiet_while_allowing`]).
+    quiet: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Switch {
@@ -42,6 +44,7 @@ impl Default for Switch {
         Switch {
             answer: Mutex::new(Authorization::Allowed),
             asked: Mutex::new(Vec::new()),
+            quiet: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -50,6 +53,14 @@ impl Switch {
     pub fn set(&self, answer: Authorization) {
         *self.answer.lock().unwrap() = answer;
     }
+    /// While on and allowing, the switch tells the executor that a decision asks nothing
+    /// ([`Authorizer::asks`] false), as a gateway without a hook does: the executor may then
+    /// claim a key before reading it, where the store offers that. Set to a denial or an
+    /// outage, it asks again.
+    pub fn quiet_while_allowing(&self, on: bool) {
+        self.quiet.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// How many times the hook was asked.
     pub fn asked(&self) -> usize {
         self.asked.lock().unwrap().len()
@@ -64,6 +75,11 @@ impl Authorizer for Switch {
             .push(format!("{:?} {}", request.stage, request.tool));
         let answer = self.answer.lock().unwrap().clone();
         Box::pin(std::future::ready(answer))
+    }
+
+    fn asks(&self, _tool: &str) -> bool {
+        !(self.quiet.load(std::sync::atomic::Ordering::SeqCst)
+            && *self.answer.lock().unwrap() == Authorization::Allowed)
     }
 }
 
@@ -262,13 +278,19 @@ pub struct Harness {
 impl Harness {
     /// A harness over `store`, with a downstream that deduplicates and offers receipt lookup
     /// (scenarios switch either off to match their contract).
+    /// On a store that claims a key before reading it ([`Store::claim_replaces_read`]:
+    /// PostgreSQL) the hook is quiet while it allows, so that the executor takes that path,
+    /// as a gateway without a hook does; wrap the store with [`FaultyStore::read_first`] for
+    /// the other path.
     pub fn new(store: Arc<dyn Store>) -> Harness {
+        let claim_first = store.claim_replaces_read();
         let store = Arc::new(FaultyStore::new(store));
         let downstream = FakeDownstream::new()
             .deduplicating(true)
             .with_receipt_lookup(true);
         let clock = Arc::new(ManualClock::new(EPOCH));
         let auth = Arc::new(Switch::default());
+        auth.quiet_while_allowing(claim_first);
         let recorder = Arc::new(Recorder::default());
         let executor = Executor::new(
             store.clone(),

@@ -180,6 +180,12 @@ impl Store for MemStore {
         })
     }
 
+    // The read-first path, which the scenarios' read and write counts were written against;
+    // PostgreSQL runs the scenario matrix on both paths.
+    fn claim_replaces_read(&self) -> bool {
+        false
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,
@@ -360,6 +366,22 @@ impl Store for MemStore {
                 .cloned()
                 .collect();
             Ok(found)
+        })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            let tables = self.lock();
+            let n = tables
+                .records
+                .values()
+                .filter(|r| r.key.environment() == environment && r.status() == status)
+                .count();
+            Ok(n as u64)
         })
     }
 

@@ -58,6 +58,7 @@ where
     list_filters_and_pages(fresh().await).await;
     list_filters_by_environment(fresh().await).await;
     list_default_page(fresh().await).await;
+    count_is_exact_past_a_page(fresh().await).await;
     due_finds_deadlines_passed_in_order(fresh().await).await;
     due_pages_by_cursor_and_limit(fresh().await).await;
     waiting_lists_expired_claims_and_jobs(fresh().await).await;
@@ -73,7 +74,7 @@ where
 }
 
 /// How many cases [`run`] runs, for store crates that check they ran them all.
-pub const CASES: usize = 26;
+pub const CASES: usize = 27;
 
 // ---------------------------------------------------------------------------------------------
 // Building records.
@@ -1138,6 +1139,57 @@ pub async fn list_default_page<S: Store>(store: S) {
         .await
         .expect("list succeeds");
     assert_eq!(everything.len(), RECORDS);
+}
+
+/// `count` is exact past the largest page a listing returns (1 000): the reconciliation
+/// queue's gauge once counted by listing, and stopped there. Only the environment and the
+/// status asked for count; tenants are summed.
+pub async fn count_is_exact_past_a_page<S: Store>(store: S) {
+    const UNKNOWN: usize = 1_050;
+    let store = Arc::new(store);
+    let mut tasks = JoinSet::new();
+    for i in 0..UNKNOWN {
+        let store = Arc::clone(&store);
+        tasks.spawn(async move {
+            // Two tenants, so that the count is across them.
+            let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+            let r = record(&format!("{tenant}:prod:wf-count:s{i:04}"), unknown());
+            claim_new(&*store, &r, Vec::new()).await;
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("a claimant panicked");
+    }
+    // Others that must not count: other statuses here, `unknown` in another environment.
+    let others = [
+        record("acme:prod:wf-count-other:a", applied("t-1")),
+        record("acme:prod:wf-count-other:p", pending("w1", 5_000)),
+        record(
+            "acme:prod:wf-count-other:f",
+            refused(ErrorCode::DownstreamRejected),
+        ),
+        record("acme:staging:wf-count-other:u1", unknown()),
+        record("globex:staging:wf-count-other:u2", unknown()),
+    ];
+    for r in &others {
+        claim_new(&*store, r, Vec::new()).await;
+    }
+    let count = |environment: &'static str, status: RecordStatus| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .count(environment, status)
+                .await
+                .expect("count succeeds")
+        }
+    };
+    assert_eq!(count("prod", RecordStatus::Unknown).await, UNKNOWN as u64);
+    assert_eq!(count("staging", RecordStatus::Unknown).await, 2);
+    assert_eq!(count("prod", RecordStatus::Applied).await, 1);
+    assert_eq!(count("prod", RecordStatus::Pending).await, 1);
+    assert_eq!(count("prod", RecordStatus::FailedPermanent).await, 1);
+    assert_eq!(count("prod", RecordStatus::Tombstone).await, 0);
+    assert_eq!(count("nowhere", RecordStatus::Unknown).await, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -264,12 +264,13 @@ pub trait Store: Send + Sync + 'static {
     /// existing record writes nothing (no row, no trace entry, nothing to commit) and answers
     /// it in the one round trip a [`Store::get`] would take. The executor then claims a new
     /// delivery's key without reading it first, where nothing between the read and the claim
-    /// could refuse the delivery (see `Executor::keyed`). `false` unless a store says so;
-    /// wrappers that count or fail writes keep `false`, so that every replay they see is a
-    /// read.
-    fn claim_replaces_read(&self) -> bool {
-        false
-    }
+    /// could refuse the delivery (see `Executor::keyed`).
+    ///
+    /// No method of this trait has a default: a wrapper (metrics, sealing, fault injection,
+    /// the simulator) must say what it does with each, so none can silently fall back to a
+    /// behaviour its inner store does not have. A wrapper forwards this answer unless it means
+    /// to choose the path (a test running the read-first path over a claim-first store).
+    fn claim_replaces_read(&self) -> bool;
 
     /// Like [`Store::claim`], for a tool with a duplicate-intent window, atomically: when a
     /// record of the same tenant, environment and tool with the same fingerprint, claimed with
@@ -306,6 +307,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records matching `filter`, ordered by key.
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
 
+    /// How many records of `environment`, across tenants, are in `status`: the depth of the
+    /// reconciliation queue that `/metrics` reports. Exact however many there are (no page
+    /// limit); a store counts on an index where it has one. Never writes.
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>>;
+
     /// Records whose deadline has come, for the recoverer (see the trait's rule): at most
     /// `limit`, in (`due_at`, key) order after the cursor.
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>>;
@@ -329,17 +339,11 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         source: &'a str,
         event_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
-        let _ = (source, event_id);
-        Box::pin(async { Err(no_webhooks()) })
-    }
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>>;
 
     /// Writes the row of an event that causes no transition, by the rule of [`WebhookEvent`]:
     /// written when no row exists or the existing one is early, else the existing row.
-    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
-        let _ = event;
-        Box::pin(async { Err(no_webhooks()) })
-    }
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>>;
 
     /// The rows of `tenant`'s events that named job `job_id`, oldest first: early arrivals
     /// waiting for the job, and the events that bound it to its operation.
@@ -347,32 +351,17 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         tenant: &'a str,
         job_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
-        let _ = (tenant, job_id);
-        Box::pin(async { Err(no_webhooks()) })
-    }
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>>;
 
     /// The records whose end of accepted job `m.job_id` is not known yet — pending with the
     /// job, or `unknown` with it as their evidence — of `m.tenant`, in environment
     /// `m.environment`, of one of `m.tools`, ordered by key: **at most two**. One is the
     /// event's operation; two say that the job id alone does not name one (two tools whose
     /// downstreams hand out overlapping ids) and the event must not bind. Never writes.
-    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
-        let _ = m;
-        Box::pin(async { Err(no_webhooks()) })
-    }
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>>;
 
     /// Deletes at most `limit` webhook rows whose `purge_at` has passed; how many.
-    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
-        let _ = (now, limit);
-        Box::pin(async { Err(no_webhooks()) })
-    }
-}
-
-/// The answer of a store that keeps no webhook events: an honest failure rather than a
-/// silent "never seen", which would let a redelivery through.
-fn no_webhooks() -> Error {
-    Error::Unavailable("this store keeps no webhook events".into())
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>>;
 }
 
 /// A shared store is a store: executors, recoverers and test wrappers hold `Arc<dyn Store>`.
@@ -412,6 +401,13 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).list(filter)
+    }
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        (**self).count(environment, status)
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         (**self).due(query)

@@ -14,7 +14,7 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use idemgate_core::audit::Entry;
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState};
+use idemgate_core::record::{Event, Millis, Receipt, Record, RecordState, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, RequestUpdate, Store, SweepReport, Transition,
     Waiting,
@@ -264,6 +264,14 @@ impl<S: Store> Store for SealedStore<S> {
 
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move { self.open_all(self.inner.list(filter).await?) })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        self.inner.count(environment, status)
     }
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {

@@ -1087,7 +1087,13 @@ pub async fn healthz(State(state): State<AppState>) -> Result<axum::Json<Health>
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain"))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    crate::metrics::refresh_unknown_queue(state.executor().store().as_ref(), state.environment())
+    state
+        .inner()
+        .queue_gauge
+        .ensure_started(
+            state.executor().store().clone(),
+            state.environment().to_string(),
+        )
         .await;
     let text = crate::metrics::handle()
         .map(|h| h.render())

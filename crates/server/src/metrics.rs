@@ -122,19 +122,58 @@ impl Observer for OutcomeCounter {
     }
 }
 
-/// Sets the reconciliation-queue gauge from the store (called when `/metrics` is scraped).
+/// How often the reconciliation queue is counted: a gauge a scrape every 15 to 60 s reads is
+/// at most this much behind.
+pub const QUEUE_GAUGE_EVERY: Duration = Duration::from_secs(15);
+
+/// Sets the reconciliation-queue gauge from one count of the store's `unknown` records of
+/// `environment` (an index count, however many there are).
 pub async fn refresh_unknown_queue(store: &dyn Store, environment: &str) {
-    let filter = Filter {
-        tenant: None,
-        environment: Some(environment.to_string()),
-        status: Some(RecordStatus::Unknown),
-        tool: None,
-        after: None,
-        limit: 10_000,
-    };
-    match store.list(filter).await {
-        Ok(records) => metrics::gauge!(UNKNOWN_QUEUE).set(records.len() as f64),
+    match store.count(environment, RecordStatus::Unknown).await {
+        Ok(n) => metrics::gauge!(UNKNOWN_QUEUE).set(n as f64),
         Err(e) => tracing::warn!(error = %e, "could not count the reconciliation queue"),
+    }
+}
+
+/// The reconciliation queue's gauge, kept by a background task rather than counted on each
+/// scrape: a scrape costs the store nothing, however often and however many scrape. The task
+/// starts with the first scrape (which waits for its first count, so the gauge is never
+/// reported before it was counted) and ends with the gateway's state.
+pub struct QueueGauge {
+    every: Duration,
+    task: tokio::sync::OnceCell<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl QueueGauge {
+    pub fn new(every: Duration) -> QueueGauge {
+        QueueGauge {
+            every: every.max(Duration::from_millis(10)),
+            task: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Starts the counting task unless it runs; the first call returns after the first count.
+    pub async fn ensure_started(&self, store: Arc<dyn Store>, environment: String) {
+        let every = self.every;
+        self.task
+            .get_or_init(|| async move {
+                refresh_unknown_queue(store.as_ref(), &environment).await;
+                AbortOnDrop(tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        refresh_unknown_queue(store.as_ref(), &environment).await;
+                    }
+                }))
+            })
+            .await;
     }
 }
 
@@ -227,6 +266,13 @@ impl Store for MeteredStore {
     }
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         self.inner.list(filter)
+    }
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, store::Error>> {
+        self.inner.count(environment, status)
     }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         self.inner.due(query)

@@ -37,6 +37,9 @@ pub(crate) struct Inner {
     /// The start of problem type URIs, when configured (`public_url`).
     pub problem_base: Option<ProblemBase>,
     pub webhooks: crate::webhooks::Sources,
+    /// The reconciliation queue's gauge, counted in the background (started by the first
+    /// scrape of `/metrics`).
+    pub queue_gauge: crate::metrics::QueueGauge,
 }
 
 /// A service another face serves inside the gateway's router, under `path`: behind the same
@@ -63,6 +66,7 @@ pub struct Gateway {
     webhooks: crate::webhooks::Sources,
     sessions: Sessions,
     secure_cookies: bool,
+    queue_gauge_every: std::time::Duration,
 }
 
 impl Gateway {
@@ -81,6 +85,7 @@ impl Gateway {
             webhooks: crate::webhooks::Sources::default(),
             sessions: Sessions::default(),
             secure_cookies: false,
+            queue_gauge_every: crate::metrics::QUEUE_GAUGE_EVERY,
         }
     }
 
@@ -94,6 +99,13 @@ impl Gateway {
     /// (`serve` sets it when `public_url` is an https URL).
     pub fn secure_cookies(mut self, secure: bool) -> Gateway {
         self.secure_cookies = secure;
+        self
+    }
+
+    /// How often the reconciliation queue's gauge is counted (default
+    /// [`crate::metrics::QUEUE_GAUGE_EVERY`]).
+    pub fn queue_gauge_every(mut self, every: std::time::Duration) -> Gateway {
+        self.queue_gauge_every = every;
         self
     }
 
@@ -158,6 +170,7 @@ impl Gateway {
                 limits: self.limits,
                 problem_base: self.problem_base,
                 webhooks: self.webhooks,
+                queue_gauge: crate::metrics::QueueGauge::new(self.queue_gauge_every),
             }),
         }
     }

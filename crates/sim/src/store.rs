@@ -317,6 +317,10 @@ impl<S: Store> Store for SimStore<S> {
         })
     }
 
+    fn claim_replaces_read(&self) -> bool {
+        self.inner.claim_replaces_read()
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,
@@ -443,6 +447,17 @@ impl<S: Store> Store for SimStore<S> {
         Box::pin(async move {
             self.before_read("list").await?;
             block_on(self.inner.list(filter))
+        })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move {
+            self.before_read("count").await?;
+            block_on(self.inner.count(environment, status))
         })
     }
 

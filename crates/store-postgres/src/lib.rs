@@ -52,7 +52,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idemgate_core::audit::{Draft, Entry, Sealer};
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Record, Row};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus, Row};
 use idemgate_core::store::{
     self, BoxFuture, Cas, Claimed, Due, Expiry, Filter, RequestUpdate, Store, SweepReport,
     Transition, Waiting, WaitingOn,
@@ -540,6 +540,28 @@ impl PgStore {
         rows.iter().map(|r| record_of(r, 0)).collect()
     }
 
+    async fn count_records(
+        &self,
+        environment: &str,
+        status: RecordStatus,
+    ) -> Result<u64, store::Error> {
+        let status = status.as_str();
+        let mut conn = self.conn().await?;
+        // Planned for its values, like a listing: `unknown` is then read from the partial
+        // listing index of the statuses an operator looks for (migration 0008), which holds
+        // neither pending nor applied rows, and counted there without visiting the table
+        // where the visibility map allows.
+        let rows = conn
+            .run_planned(
+                Kind::Read,
+                sql::COUNT,
+                &[(&status, Type::TEXT), (&environment, Type::TEXT)],
+            )
+            .await?;
+        let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or_default();
+        Ok(n as u64)
+    }
+
     async fn waiting_records(&self, query: Waiting) -> Result<Vec<Record>, store::Error> {
         let limit = match query.limit {
             0 => DEFAULT_PAGE,
@@ -1011,6 +1033,14 @@ impl Store for PgStore {
 
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {
         Box::pin(self.list_records(filter))
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, store::Error>> {
+        Box::pin(self.count_records(environment, status))
     }
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, store::Error>> {

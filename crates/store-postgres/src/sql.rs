@@ -309,6 +309,11 @@ pub(crate) const APPEND_EVENTS: &str =
 /// The stored trace of one operation (`idemgate_core::trace::decode` reads it).
 pub(crate) const EVENTS: &str = "SELECT trace FROM operations WHERE tenant = $1 AND key = $2";
 
+/// The records of one status in one environment, across tenants (`/metrics`' reconciliation
+/// queue). The environment is the key's second part, written as the indexes write it.
+pub(crate) const COUNT: &str =
+    "SELECT count(*) FROM operations WHERE status = $1 AND split_part(key, ':', 2) = $2";
+
 /// The due scan's statement: the pending and awaiting-approval records of environment `$1`
 /// whose deadline (`lease_expires_at`) is at or before `$2`, in (deadline, key) order, at most
 /// `$3`; with `after`, only those strictly after the cursor (`$4`, `$5`) in that order.

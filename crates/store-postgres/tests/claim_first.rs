@@ -17,10 +17,11 @@ use idemgate_core::clock::SystemClock;
 use idemgate_core::effect::{AllowAll, Authorizer};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::Status;
-use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
+use idemgate_core::webhook::{JobMatch, Recorded, WebhookEvent};
 use idemgate_engine::{Executor, Settings};
 
 /// Counts the reads and claims the executor makes, and forwards everything.
@@ -86,6 +87,13 @@ impl Store for Counted {
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         self.inner.list(filter)
     }
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        self.inner.count(environment, status)
+    }
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         self.inner.due(query)
     }
@@ -99,6 +107,29 @@ impl Store for Counted {
         limit: usize,
     ) -> BoxFuture<'a, Result<SweepReport, Error>> {
         self.inner.sweep(environment, now, limit)
+    }
+    fn webhook<'a>(
+        &'a self,
+        source: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<WebhookEvent>, Error>> {
+        self.inner.webhook(source, event_id)
+    }
+    fn record_webhook(&self, event: WebhookEvent) -> BoxFuture<'_, Result<Recorded, Error>> {
+        self.inner.record_webhook(event)
+    }
+    fn webhooks_for_job<'a>(
+        &'a self,
+        tenant: &'a str,
+        job_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<WebhookEvent>, Error>> {
+        self.inner.webhooks_for_job(tenant, job_id)
+    }
+    fn open_jobs<'a>(&'a self, m: JobMatch<'a>) -> BoxFuture<'a, Result<Vec<Record>, Error>> {
+        self.inner.open_jobs(m)
+    }
+    fn sweep_webhooks(&self, now: Millis, limit: usize) -> BoxFuture<'_, Result<u64, Error>> {
+        self.inner.sweep_webhooks(now, limit)
     }
 }
 

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use idemgate_core::audit::{Entry, Sealer};
 use idemgate_core::key::OperationKey;
-use idemgate_core::record::{Event, Millis, Record};
+use idemgate_core::record::{Event, Millis, Record, RecordStatus};
 use idemgate_core::store::{
     BoxFuture, Cas, Claimed, Due, Error, Filter, Store, SweepReport, Transition, Waiting,
 };
@@ -385,6 +385,12 @@ impl Store for SqliteStore {
         })
     }
 
+    // Every claim goes through the one writer thread: claiming a replay's key there, instead
+    // of reading it from a reader connection, would queue every replay behind the writes.
+    fn claim_replaces_read(&self) -> bool {
+        false
+    }
+
     fn claim_unless_duplicate(
         &self,
         record: Record,
@@ -451,6 +457,14 @@ impl Store for SqliteStore {
 
     fn list(&self, filter: Filter) -> BoxFuture<'_, Result<Vec<Record>, Error>> {
         Box::pin(async move { self.read(|conn| read::list(conn, &filter)) })
+    }
+
+    fn count<'a>(
+        &'a self,
+        environment: &'a str,
+        status: RecordStatus,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move { self.read(|conn| read::count(conn, environment, status)) })
     }
 
     fn due(&self, query: Due) -> BoxFuture<'_, Result<Vec<Record>, Error>> {

@@ -113,6 +113,37 @@ pub(crate) fn events(conn: &Connection, key: &OperationKey) -> Result<Vec<Event>
     stored.map_or(Ok(Vec::new()), |text| trace::decode(key, &text))
 }
 
+/// How many records of `environment` are in `status`, across tenants. A status the listing
+/// index holds (neither pending nor applied: the reconciliation queue among them) is counted
+/// from that index, its condition repeated word for word so that SQLite may use it.
+pub(crate) fn count(
+    conn: &Connection,
+    environment: &str,
+    status: RecordStatus,
+) -> Result<u64, Error> {
+    let sql = match status {
+        RecordStatus::Pending | RecordStatus::Applied => {
+            "SELECT count(*) FROM operations WHERE status = ?1 AND environment = ?2"
+        }
+        RecordStatus::AwaitingApproval
+        | RecordStatus::FailedPermanent
+        | RecordStatus::Unknown
+        | RecordStatus::Tombstone => concat!(
+            "SELECT count(*) FROM operations INDEXED BY operations_list_by_tenant ",
+            "WHERE status <> 'pending' AND status <> 'applied' ",
+            "AND status = ?1 AND environment = ?2"
+        ),
+    };
+    let what = || format!("counting {} operations", status.as_str());
+    let mut stmt = conn.prepare_cached(sql).context(what)?;
+    let n: i64 = stmt
+        .query_row(rusqlite::params![status.as_str(), environment], |r| {
+            r.get(0)
+        })
+        .context(what)?;
+    Ok(n as u64)
+}
+
 pub(crate) fn list(conn: &Connection, filter: &Filter) -> Result<Vec<Record>, Error> {
     let (sql, values) = list_query(filter);
     collect(conn, &sql, values, || {

@@ -58,6 +58,7 @@ cases!(
     list_filters_and_pages,
     list_filters_by_environment,
     list_default_page,
+    count_is_exact_past_a_page,
     due_finds_deadlines_passed_in_order,
     due_pages_by_cursor_and_limit,
     waiting_lists_expired_claims_and_jobs,

@@ -17,6 +17,14 @@
 //!
 //! The table lives in the application's database, not idemgate's store: its DDL is
 //! [`sqlite::DDL`] / [`postgres::DDL`] (also `sql/` in this crate), applied by `install`.
+//!
+//! Two things can never be delivered, and neither may stop the rest. An envelope the consumer
+//! would refuse (over its 256 KiB, too deep, not a job) is refused by `enqueue` itself, inside
+//! the business transaction, with an error naming the bound — so the application can roll back
+//! or fix it while it still can. An entry the broker refuses for good (larger than NATS's
+//! `max_payload`, possible for an entry enqueued with larger limits or before this check) is
+//! *parked* by the publisher: recorded in `idemgate_outbox_parked` with the broker's reason,
+//! counted, no longer offered, while the entries after it keep publishing.
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -28,7 +36,7 @@ pub mod sqlite;
 #[cfg(feature = "nats")]
 pub use publisher::{Publisher, PublisherError, Source};
 
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, Limits};
 
 /// One committed outbox row waiting to be published.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +55,10 @@ pub struct Entry {
 pub enum Error {
     #[error("the outbox entry names no {0}")]
     Empty(&'static str),
+    /// The consumer would refuse the envelope (terminate the message): refused before it is
+    /// written, so the business transaction can still roll back.
+    #[error("the outbox entry would be refused by its consumer: {0}")]
+    Refused(#[from] crate::envelope::Error),
     #[cfg(feature = "sqlite")]
     #[error("outbox (SQLite): {0}")]
     Sqlite(#[from] rusqlite::Error),
@@ -55,9 +67,19 @@ pub enum Error {
     Postgres(#[from] tokio_postgres::Error),
 }
 
-/// The checks an entry passes before it is written: an envelope whose key parts are empty
-/// could only be refused by the consumer later, after the business write committed.
-fn checked(envelope: &Envelope) -> Result<String, Error> {
+/// One outbox row the publisher parked instead of publishing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parked {
+    /// The outbox row's id.
+    pub id: i64,
+    /// What the broker said.
+    pub reason: String,
+}
+
+/// The checks an entry passes before it is written: an envelope whose key parts are empty, or
+/// that the consumer reading it with `limits` would refuse (too large, too deep), could only be
+/// refused by the consumer later, after the business write committed.
+fn checked(envelope: &Envelope, limits: Limits) -> Result<String, Error> {
     if envelope.workflow_id.is_empty() {
         return Err(Error::Empty("workflow_id"));
     }
@@ -67,7 +89,10 @@ fn checked(envelope: &Envelope) -> Result<String, Error> {
     if envelope.tool.is_empty() {
         return Err(Error::Empty("tool"));
     }
-    Ok(String::from_utf8(envelope.to_bytes()).expect("JSON is UTF-8"))
+    let bytes = envelope.to_bytes();
+    // Read back exactly as the consumer reads a message: the same bound, the same parser.
+    Envelope::parse(&bytes, limits)?;
+    Ok(String::from_utf8(bytes).expect("JSON is UTF-8"))
 }
 
 fn now_millis() -> i64 {

@@ -2,11 +2,15 @@
 
 use tokio_postgres::{Client, Transaction};
 
-use super::{Entry, Error, checked, now_millis};
-use crate::envelope::Envelope;
+use super::{Entry, Error, Parked, checked, now_millis};
+use crate::envelope::{Envelope, Limits};
 
-/// The outbox table and its index (`sql/outbox.postgres.sql`). Idempotent.
-pub const DDL: &str = include_str!("../../sql/outbox.postgres.sql");
+/// The outbox table and its index (`sql/outbox.postgres.sql`), and the table of parked entries
+/// (`sql/outbox_parked.postgres.sql`). Idempotent.
+pub const DDL: &str = concat!(
+    include_str!("../../sql/outbox.postgres.sql"),
+    include_str!("../../sql/outbox_parked.postgres.sql")
+);
 
 /// Creates the outbox table if it does not exist.
 pub async fn install(client: &Client) -> Result<(), Error> {
@@ -15,9 +19,19 @@ pub async fn install(client: &Client) -> Result<(), Error> {
 }
 
 /// Writes `envelope` into the outbox inside the application's transaction `tx`: it commits
-/// with the business write, or not at all. Returns the entry's row id.
+/// with the business write, or not at all. Returns the entry's row id. An envelope a consumer
+/// with the default limits (256 KiB, depth 32) would refuse is refused here, nothing written.
 pub async fn enqueue(tx: &Transaction<'_>, envelope: &Envelope) -> Result<i64, Error> {
-    let text = checked(envelope)?;
+    enqueue_within(tx, envelope, Limits::default()).await
+}
+
+/// [`enqueue`] for a consumer configured with other `[limits]`.
+pub async fn enqueue_within(
+    tx: &Transaction<'_>,
+    envelope: &Envelope,
+    limits: Limits,
+) -> Result<i64, Error> {
+    let text = checked(envelope, limits)?;
     let row = tx
         .query_one(
             "INSERT INTO idemgate_outbox (workflow_id, step_id, tool, envelope, created_at)
@@ -51,8 +65,10 @@ impl PgOutbox {
         let rows = self
             .client
             .query(
-                "SELECT id, envelope, attempts FROM idemgate_outbox
-                 WHERE sent_at IS NULL ORDER BY id LIMIT $1",
+                "SELECT id, envelope, attempts FROM idemgate_outbox o
+                 WHERE sent_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM idemgate_outbox_parked p WHERE p.id = o.id)
+                 ORDER BY id LIMIT $1",
                 &[&(limit as i64)],
             )
             .await?;
@@ -75,6 +91,36 @@ impl PgOutbox {
             )
             .await?;
         Ok(())
+    }
+
+    /// Parks entry `id`: never offered again, kept with `reason`.
+    pub async fn park(&self, id: i64, reason: &str) -> Result<(), Error> {
+        self.client
+            .execute(
+                "INSERT INTO idemgate_outbox_parked (id, reason, parked_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO NOTHING",
+                &[&id, &reason, &now_millis()],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Every parked entry, oldest first.
+    pub async fn parked(&self) -> Result<Vec<Parked>, Error> {
+        let rows = self
+            .client
+            .query(
+                "SELECT id, reason FROM idemgate_outbox_parked ORDER BY id",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Parked {
+                id: r.get(0),
+                reason: r.get(1),
+            })
+            .collect())
     }
 
     /// Marks `ids` sent, in one statement.

@@ -6,8 +6,14 @@
 //! batch again when it restarts — duplicates the consumer absorbs by the operation key. No
 //! `Nats-Msg-Id` is set: JetStream's own duplicate window is a few minutes of one stream, while
 //! the operation key holds for the record's whole retention, on every path.
+//!
+//! An entry the client refuses to send because it is over the server's `max_payload` would be
+//! refused on every attempt: it is parked (recorded with the reason, counted, logged) rather
+//! than failing the batch, so the entries after it keep publishing. Any other failure fails the
+//! batch, which is published again: it may be the broker that is briefly away.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -42,6 +48,25 @@ impl Source {
             Source::Sqlite(s) => s.count_attempt(ids),
             #[cfg(feature = "postgres")]
             Source::Postgres(p) => p.count_attempt(ids).await,
+        }
+    }
+
+    async fn park(&self, id: i64, reason: &str) -> Result<(), super::Error> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Source::Sqlite(s) => s.park(id, reason),
+            #[cfg(feature = "postgres")]
+            Source::Postgres(p) => p.park(id, reason).await,
+        }
+    }
+
+    /// Every parked entry, oldest first.
+    pub async fn parked(&self) -> Result<Vec<super::Parked>, super::Error> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Source::Sqlite(s) => s.parked(),
+            #[cfg(feature = "postgres")]
+            Source::Postgres(p) => p.parked().await,
         }
     }
 
@@ -80,6 +105,8 @@ pub struct Publisher {
     subject: String,
     batch: usize,
     before_mark: Option<(BeforeMark, Duration)>,
+    /// Entries this publisher parked.
+    parked: AtomicU64,
 }
 
 impl Publisher {
@@ -89,6 +116,7 @@ impl Publisher {
             subject: subject.into(),
             batch: 100,
             before_mark: None,
+            parked: AtomicU64::new(0),
         }
     }
 
@@ -104,7 +132,13 @@ impl Publisher {
         self
     }
 
-    /// Publishes one batch; returns how many entries it held (0: the outbox is drained).
+    /// How many entries this publisher parked (the outbox's own list: [`Source::parked`]).
+    pub fn parked(&self) -> u64 {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// Publishes one batch; returns how many entries it held (0: the outbox is drained),
+    /// parked ones included.
     pub async fn publish_batch(&self, source: &Source) -> Result<usize, PublisherError> {
         let entries = source.unsent(self.batch).await?;
         if entries.is_empty() {
@@ -118,6 +152,7 @@ impl Publisher {
             message,
         };
         let mut acks = Vec::with_capacity(entries.len());
+        let mut poison = Vec::new();
         for entry in &entries {
             let mut headers = async_nats::HeaderMap::new();
             // Telemetry for whoever reads the stream: which row, which publication.
@@ -126,25 +161,45 @@ impl Publisher {
                 "Idemgate-Outbox-Attempt",
                 (entry.attempts + 1).to_string().as_str(),
             );
-            let ack = self
+            let sent = self
                 .js
                 .publish_with_headers(
                     self.subject.clone(),
                     headers,
                     entry.envelope.clone().into_bytes().into(),
                 )
-                .await
-                .map_err(|e| fail(entry.id, e.to_string()))?;
-            acks.push((entry.id, ack));
+                .await;
+            match sent {
+                Ok(ack) => acks.push((entry.id, ack)),
+                // Refused before it was sent, and it would be on every attempt.
+                Err(e) if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                    poison.push((entry.id, e.to_string()));
+                }
+                Err(e) => return Err(fail(entry.id, e.to_string())),
+            }
         }
+        let mut sent = Vec::with_capacity(acks.len());
         for (id, ack) in acks {
             ack.await.map_err(|e| fail(id, e.to_string()))?;
+            sent.push(id);
+        }
+        // Parked before the batch is marked: a publisher that dies in between parks the entry
+        // again (a no-op) and publishes the rest again, as for any batch.
+        for (id, reason) in &poison {
+            source.park(*id, reason).await?;
+            self.parked.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                entry = id,
+                subject = %self.subject,
+                reason = %reason,
+                "outbox entry parked: the queue refuses it for good; later entries keep publishing"
+            );
         }
         if let Some((hook, pause)) = &self.before_mark {
-            hook(&ids);
+            hook(&sent);
             tokio::time::sleep(*pause).await;
         }
-        source.mark_sent(&ids).await?;
+        source.mark_sent(&sent).await?;
         Ok(entries.len())
     }
 
