@@ -50,8 +50,9 @@ pub struct Settings {
     /// (`scripts/pg-failover` kills the primary and promotes the standby with it).
     pub exec_at: Option<(Duration, String)>,
     pub webhooks: bool,
-    /// Name the job tools in the webhook source (`tools = [...]`, DESIGN §12).
-    pub webhook_tools: bool,
+    /// Name the job tools in the webhook source (`tools = [...]`, DESIGN §12); `None`: when
+    /// the gateway takes the member (a gateway from before it refuses it as unknown).
+    pub webhook_tools: Option<bool>,
     pub fake: FakeSettings,
     /// How long the settling phase waits for every key to leave `in_flight`.
     pub settle: Duration,
@@ -76,7 +77,7 @@ impl Settings {
             non_deduplicating: vec!["h.lookup".into()],
             exec_at: None,
             webhooks: true,
-            webhook_tools: false,
+            webhook_tools: None,
             fake: FakeSettings {
                 seed,
                 fault_rate: 0.25,
@@ -84,7 +85,7 @@ impl Settings {
                 refuse_rate: 0.05,
                 job_fail_rate: 0.15,
                 job_max: Duration::from_secs(3),
-                overlap_job_ids: false,
+                overlap_job_ids: None,
                 broken: None,
             },
             settle: Duration::from_secs(90),
@@ -135,7 +136,13 @@ fn contract(tool: &str, fake: &str) -> String {
     format!("{head}{downstream}")
 }
 
-fn gateway_config(settings: &Settings, port: u16, store: &str, contracts: &Path) -> String {
+fn gateway_config(
+    settings: &Settings,
+    port: u16,
+    store: &str,
+    contracts: &Path,
+    webhook_tools: bool,
+) -> String {
     let mut text = format!(
         "listen = \"127.0.0.1:{port}\"\nenvironment = \"{ENVIRONMENT}\"\nstore = \"{store}\"\n\
          contracts = [\"{}/*.yaml\"]\n\n[limits]\nmax_wait_seconds = 5\n\n[recovery]\n\
@@ -153,7 +160,7 @@ fn gateway_config(settings: &Settings, port: u16, store: &str, contracts: &Path)
              success = [\"job.done\"]\nfailure = [\"job.failed\"]\nreference_pointer = \"/data/ref\"\n\
              result_pointer = \"/data\"\nerror_message_pointer = \"/data/error\"\n"
         ));
-        if settings.webhook_tools {
+        if webhook_tools {
             text.push_str("tools = [\"h.joba\", \"h.jobb\"]\n");
         }
     }
@@ -736,20 +743,58 @@ async fn run_on(settings: &Settings, recorder: &Recorder, store: &str) -> anyhow
         .pool_max_idle_per_host(0)
         .build()?;
     let mut gateways = Vec::new();
+    let mut webhook_tools = settings.webhook_tools.unwrap_or(true);
     for index in 0..settings.gateways {
         let port = free_port()?;
         let config = settings.workdir.join(format!("gateway{index}.toml"));
-        std::fs::write(&config, gateway_config(settings, port, store, &contracts))?;
+        let write = |tools: bool| {
+            std::fs::write(
+                &config,
+                gateway_config(settings, port, store, &contracts, tools),
+            )
+        };
+        write(webhook_tools)?;
         let mut gateway = Gateway {
             index,
             port,
-            config,
+            config: config.clone(),
             log: settings.workdir.join(format!("gateway{index}.log")),
             child: None,
         };
-        gateway.start(&settings.binary, &http).await?;
+        match gateway.start(&settings.binary, &http).await {
+            Ok(()) => {}
+            // A gateway from before webhook sources named their tools refuses the member.
+            Err(e)
+                if settings.webhook_tools.is_none()
+                    && webhook_tools
+                    && settings.webhooks
+                    && e.to_string().contains("tools") =>
+            {
+                eprintln!(
+                    "history: this gateway does not take `tools` in a webhook source; \
+                     running without it, and with distinct job ids"
+                );
+                webhook_tools = false;
+                write(false)?;
+                gateway.start(&settings.binary, &http).await?;
+            }
+            Err(e) => return Err(e),
+        }
         gateways.push(gateway);
     }
+    // Overlapping job ids are the case webhook sources bound to their tools exist for; a
+    // gateway without that binding settles one tool's operation with another's event.
+    let overlap = settings
+        .fake
+        .overlap_job_ids
+        .unwrap_or(webhook_tools || !settings.webhooks);
+    fake.overlap_job_ids(overlap);
+    recorder.record(&Entry::Nemesis {
+        at: recorder.now(),
+        what: format!(
+            "setup: webhook source names its tools: {webhook_tools}; overlapping job ids: {overlap}"
+        ),
+    });
     let urls: Vec<String> = gateways.iter().map(Gateway::url).collect();
     if settings.webhooks {
         fake.send_webhooks(Webhooks {
