@@ -73,6 +73,9 @@ struct RunArgs {
     /// Share of perform requests the fake answers with a fault.
     #[arg(long, default_value_t = 0.25)]
     fault_rate: f64,
+    /// Share of repeated deliveries preceded by a malformed body under the same key.
+    #[arg(long, default_value_t = 0.05)]
+    malformed_share: f64,
     /// Share of deliveries through /mcp.
     #[arg(long, default_value_t = 0.3)]
     mcp_share: f64,
@@ -183,6 +186,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 exec,
                 fault_rate,
                 mcp_share,
+                malformed_share,
                 overlap_job_ids,
                 webhook_tools,
                 no_webhooks,
@@ -216,6 +220,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             settings.exec_at = exec_at.zip(exec);
             settings.fake.fault_rate = fault_rate;
             settings.mcp_share = mcp_share.clamp(0.0, 1.0);
+            settings.malformed_share = malformed_share;
             settings.fake.overlap_job_ids = overlap_job_ids.map(Flag::on);
             settings.webhook_tools = webhook_tools.map(Flag::on);
             settings.webhooks = !no_webhooks;

@@ -44,6 +44,9 @@ pub struct Settings {
     pub pg_restart: Option<String>,
     /// Share of deliveries through `/mcp` (the rest through API v1).
     pub mcp_share: f64,
+    /// Share of repeated deliveries preceded by a malformed one under the same key (API v1:
+    /// duplicate member names, an unknown member, not an object, an integer beyond I-JSON).
+    pub malformed_share: f64,
     /// The tools whose downstream does not deduplicate on the key (the checker reads it).
     pub non_deduplicating: Vec<String>,
     /// A shell command run once at this offset into the run, recorded as a nemesis action
@@ -74,6 +77,7 @@ impl Settings {
             kill_every: Duration::from_secs(8),
             pg_restart: None,
             mcp_share: 0.3,
+            malformed_share: 0.05,
             non_deduplicating: vec!["h.lookup".into()],
             exec_at: None,
             webhooks: true,
@@ -400,6 +404,40 @@ async fn invoke_http(http: &reqwest::Client, gateway: &str, tool: &str, key: &st
     }
 }
 
+/// The malformed bodies: each names the operation in the `Idempotency-Key` header, so the
+/// gateway knows the key even though it cannot read the body.
+const MALFORMED: [&str; 4] = [
+    r#"{"arguments": {"item": "x"}, "arguments": {"item": "x"}}"#,
+    r#"{"arguments": {"item": "x"}, "extra": 1}"#,
+    r#"[{"arguments": {"item": "x"}}]"#,
+    r#"{"arguments": {"item": "x", "n": 9007199254740993}}"#,
+];
+
+async fn invoke_malformed(
+    http: &reqwest::Client,
+    gateway: &str,
+    tool: &str,
+    key: &str,
+    body: &'static str,
+) -> Heard {
+    let (workflow, step) = split_key(key);
+    let sent = http
+        .post(format!("{gateway}/v1/tools/{tool}/invoke"))
+        .bearer_auth(AGENT)
+        .header("Idempotency-Key", format!("\"{workflow}:{step}\""))
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    match sent {
+        Ok(r) => match r.json::<Value>().await {
+            Ok(body) => Heard::of(&body),
+            Err(e) => Heard::failed(format!("body: {e}")),
+        },
+        Err(e) => Heard::failed(format!("transport: {e}")),
+    }
+}
+
 async fn invoke_mcp(
     http: &reqwest::Client,
     gateway: &str,
@@ -495,10 +533,39 @@ impl World {
 async fn client(world: Arc<World>, index: u32) {
     let mut rng = SmallRng::seed_from_u64(world.settings.seed.wrapping_add(1 + index as u64));
     while !world.stop.load(Ordering::Relaxed) {
-        let (tool, key) = match world.old_key(&mut rng) {
-            Some(old) if rng.random_bool(0.45) => old,
-            _ => world.new_key(&mut rng),
+        let (tool, key, repeat) = match world.old_key(&mut rng) {
+            Some((tool, key)) if rng.random_bool(0.45) => (tool, key, true),
+            _ => {
+                let (tool, key) = world.new_key(&mut rng);
+                (tool, key, false)
+            }
         };
+        if repeat && rng.random_bool(world.settings.malformed_share.clamp(0.0, 1.0)) {
+            let gateway = rng.random_range(0..world.urls.len());
+            let body = MALFORMED[rng.random_range(0..MALFORMED.len())];
+            let call = world.next_call.fetch_add(1, Ordering::Relaxed);
+            world.recorder.record(&Entry::Invoke {
+                at: world.recorder.now(),
+                call,
+                client: index,
+                face: "http-malformed".into(),
+                gateway: gateway as u32,
+                tool: tool.clone(),
+                key: key.clone(),
+            });
+            let heard =
+                invoke_malformed(&world.http, &world.urls[gateway], &tool, &key, body).await;
+            world.recorder.record(&Entry::Answer {
+                at: world.recorder.now(),
+                call,
+                key: key.clone(),
+                outcome: heard.outcome,
+                reference: heard.reference,
+                safe_to_repeat: heard.safe_to_repeat,
+                code: heard.code,
+                error: heard.error,
+            });
+        }
         // One operation, delivered until it has a settled answer (bounded).
         for _ in 0..12 {
             let gateway = rng.random_range(0..world.urls.len());
