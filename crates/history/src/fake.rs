@@ -64,7 +64,6 @@ pub struct FakeSettings {
 #[derive(Clone)]
 pub struct Webhooks {
     pub gateways: Vec<String>,
-    pub source: String,
     pub secret: String,
 }
 
@@ -443,7 +442,11 @@ fn spawn_webhook(inner: Arc<Inner>, tool: String, job_id: String, runs: Duration
             // A gateway that is down misses the event; polling still finds the job's end.
             let _ = inner
                 .client
-                .post(format!("{gateway}/v1/webhooks/{}", webhooks.source))
+                // One source per job tool, named after it (`joba`, `jobb`).
+                .post(format!(
+                    "{gateway}/v1/webhooks/{}",
+                    tool.trim_start_matches("h.")
+                ))
                 .header("webhook-id", &event)
                 .header("webhook-timestamp", at.to_string())
                 .header("webhook-signature", signature)

@@ -158,14 +158,17 @@ fn gateway_config(
         sha256_hex(OPERATOR)
     );
     if settings.webhooks {
-        text.push_str(&format!(
-            "\n[webhooks.jobs]\ntenant = \"{TENANT}\"\nsecret_envs = [\"{WEBHOOK_SECRET_ENV}\"]\n\
-             job_id_pointer = \"/data/job_id\"\noutcome_pointer = \"/type\"\n\
-             success = [\"job.done\"]\nfailure = [\"job.failed\"]\nreference_pointer = \"/data/ref\"\n\
-             result_pointer = \"/data\"\nerror_message_pointer = \"/data/error\"\n"
-        ));
-        if webhook_tools {
-            text.push_str("tools = [\"h.joba\", \"h.jobb\"]\n");
+        // One source per job tool, as each provider has its own.
+        for source in ["joba", "jobb"] {
+            text.push_str(&format!(
+                "\n[webhooks.{source}]\ntenant = \"{TENANT}\"\nsecret_envs = [\"{WEBHOOK_SECRET_ENV}\"]\n\
+                 job_id_pointer = \"/data/job_id\"\noutcome_pointer = \"/type\"\n\
+                 success = [\"job.done\"]\nfailure = [\"job.failed\"]\nreference_pointer = \"/data/ref\"\n\
+                 result_pointer = \"/data\"\nerror_message_pointer = \"/data/error\"\n"
+            ));
+            if webhook_tools {
+                text.push_str(&format!("tools = [\"h.{source}\"]\n"));
+            }
         }
     }
     text
@@ -881,7 +884,6 @@ async fn run_on(settings: &Settings, recorder: &Recorder, store: &str) -> anyhow
     if settings.webhooks {
         fake.send_webhooks(Webhooks {
             gateways: urls.clone(),
-            source: "jobs".into(),
             secret: WEBHOOK_SECRET.into(),
         });
     }
