@@ -54,8 +54,9 @@ pub struct FakeSettings {
     pub job_fail_rate: f64,
     /// Longest a job runs.
     pub job_max: Duration,
-    /// Job ids count up from 1 per tool, so the two job tools hand out the same ids.
-    pub overlap_job_ids: bool,
+    /// Job ids count up from 1 per tool, so the two job tools hand out the same ids; `None`:
+    /// decided when the gateways start (`Fake::overlap_job_ids`).
+    pub overlap_job_ids: Option<bool>,
     pub broken: Option<Broken>,
 }
 
@@ -63,7 +64,6 @@ pub struct FakeSettings {
 #[derive(Clone)]
 pub struct Webhooks {
     pub gateways: Vec<String>,
-    pub source: String,
     pub secret: String,
 }
 
@@ -92,6 +92,7 @@ struct Inner {
     books: Mutex<Books>,
     rng: Mutex<SmallRng>,
     webhooks: Mutex<Option<Webhooks>>,
+    overlap: std::sync::atomic::AtomicBool,
     client: reqwest::Client,
 }
 
@@ -117,13 +118,14 @@ impl Fake {
         idemgate_downstream_http::install_crypto_provider();
         let inner = Arc::new(Inner {
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed ^ 0xfa6e)),
-            settings,
             recorder,
             books: Mutex::new(Books::default()),
             webhooks: Mutex::new(None),
+            overlap: std::sync::atomic::AtomicBool::new(settings.overlap_job_ids == Some(true)),
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()?,
+            settings,
         });
         let app = Router::new()
             .route("/t/{tool}", post(perform))
@@ -136,6 +138,13 @@ impl Fake {
             let _ = axum::serve(listener, app).await;
         });
         Ok(Fake { inner, addr })
+    }
+
+    /// Whether the two job tools hand out the same job ids (set before the workload starts).
+    pub fn overlap_job_ids(&self, overlap: bool) {
+        self.inner
+            .overlap
+            .store(overlap, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Turns on webhook events for finished jobs (once the gateways' addresses are known).
@@ -269,7 +278,14 @@ fn apply(inner: &Arc<Inner>, tool: &str, key: &str) -> (StatusCode, Value) {
         let n = {
             let counter = books
                 .next_job
-                .entry(if s.overlap_job_ids { tool } else { "all" }.to_string())
+                .entry(
+                    if inner.overlap.load(std::sync::atomic::Ordering::Relaxed) {
+                        tool
+                    } else {
+                        "all"
+                    }
+                    .to_string(),
+                )
                 .or_insert(0);
             *counter += 1;
             *counter
@@ -426,7 +442,11 @@ fn spawn_webhook(inner: Arc<Inner>, tool: String, job_id: String, runs: Duration
             // A gateway that is down misses the event; polling still finds the job's end.
             let _ = inner
                 .client
-                .post(format!("{gateway}/v1/webhooks/{}", webhooks.source))
+                // One source per job tool, named after it (`joba`, `jobb`).
+                .post(format!(
+                    "{gateway}/v1/webhooks/{}",
+                    tool.trim_start_matches("h.")
+                ))
                 .header("webhook-id", &event)
                 .header("webhook-timestamp", at.to_string())
                 .header("webhook-signature", signature)

@@ -32,6 +32,18 @@ fn seconds(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is not a number of seconds (e.g. 60 or 60s)"))
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Flag {
+    Yes,
+    No,
+}
+
+impl Flag {
+    fn on(self) -> bool {
+        matches!(self, Flag::Yes)
+    }
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// Replays the workload's and the fake's choices (timing is the machine's).
@@ -61,15 +73,20 @@ struct RunArgs {
     /// Share of perform requests the fake answers with a fault.
     #[arg(long, default_value_t = 0.25)]
     fault_rate: f64,
+    /// Share of repeated deliveries preceded by a malformed body under the same key.
+    #[arg(long, default_value_t = 0.05)]
+    malformed_share: f64,
     /// Share of deliveries through /mcp.
     #[arg(long, default_value_t = 0.3)]
     mcp_share: f64,
-    /// The two job tools hand out the same job ids.
-    #[arg(long)]
-    overlap_job_ids: bool,
-    /// Name the job tools in the webhook source (`tools = [...]`).
-    #[arg(long)]
-    webhook_tools: bool,
+    /// The two job tools hand out the same job ids (`yes`, `no`; default: when the webhook
+    /// source names its tools).
+    #[arg(long, value_name = "yes|no")]
+    overlap_job_ids: Option<Flag>,
+    /// Name the job tools in the webhook source (`tools = [...]`) (`yes`, `no`; default: when
+    /// the gateway takes the member).
+    #[arg(long, value_name = "yes|no")]
+    webhook_tools: Option<Flag>,
     #[arg(long)]
     no_webhooks: bool,
     /// A fake with a defect on purpose: apply-twice or refuse-after-commit.
@@ -169,6 +186,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 exec,
                 fault_rate,
                 mcp_share,
+                malformed_share,
                 overlap_job_ids,
                 webhook_tools,
                 no_webhooks,
@@ -202,8 +220,9 @@ fn real_main() -> anyhow::Result<ExitCode> {
             settings.exec_at = exec_at.zip(exec);
             settings.fake.fault_rate = fault_rate;
             settings.mcp_share = mcp_share.clamp(0.0, 1.0);
-            settings.fake.overlap_job_ids = overlap_job_ids;
-            settings.webhook_tools = webhook_tools;
+            settings.malformed_share = malformed_share;
+            settings.fake.overlap_job_ids = overlap_job_ids.map(Flag::on);
+            settings.webhook_tools = webhook_tools.map(Flag::on);
             settings.webhooks = !no_webhooks;
             settings.fake.broken = broken.as_deref().map(broken_from).transpose()?;
             settings.settle = settle;
