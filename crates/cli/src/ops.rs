@@ -880,7 +880,17 @@ async fn list_operations(client: &Target, a: ListArgs, json: bool) -> anyhow::Re
         );
     }
     if let Some(next) = &list.next_after {
-        let mut again = format!("idemgate ops list --status {}", a.status);
+        let mut again = match client {
+            Target::Gateway(_) => "idemgate ops list".to_string(),
+            // The URL as it may be shown: a password stays out of the terminal.
+            Target::Store(local) => format!("idemgate ops --store {} list", shell_word(&local.url)),
+        };
+        again.push_str(&format!(" --status {}", a.status));
+        for (flag, value) in [("--tenant", &a.tenant), ("--environment", &a.environment)] {
+            if let Some(value) = value {
+                again.push_str(&format!(" {flag} {}", shell_word(value)));
+            }
+        }
         if let Some(tool) = &a.tool {
             again.push_str(&format!(" --tool {}", shell_word(tool)));
         }
