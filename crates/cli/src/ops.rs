@@ -712,6 +712,10 @@ impl Target {
                  retry later",
                 local.url
             ),
+            _ if detail.contains("is not loaded here") => anyhow!(
+                "{action} was refused ({label}): {detail} (--contracts PATTERN loads the tool's \
+                 contract here); nothing changed"
+            ),
             _ => anyhow!("{action} was refused ({label}): {detail}; nothing changed"),
         }
     }

@@ -1056,8 +1056,8 @@ fn act_error(e: ActError) -> ApiError {
         ActError::NotServed { tool, .. } => ApiError::new(
             ErrorCode::Conflict,
             format!(
-                "the tool {tool} of this operation is not loaded by this gateway; without it \
-                 the operation can only be resolved by hand (applied with a reference, or not \
+                "the tool {tool} of this operation is not loaded here; without it the \
+                 operation can only be resolved by hand (applied with a reference, or not \
                  applied) or denied"
             ),
         ),
