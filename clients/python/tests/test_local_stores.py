@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import local_worker
-from harness import OPERATOR_TOKEN, Gateway
+from harness import OPERATOR_TOKEN, Gateway, gateway_binary
 from local_support import FileLedger
 
 import idemgate
@@ -211,3 +211,61 @@ def test_records_written_in_process_are_the_gateways_records(tmp_path: Path) -> 
         finally:
             gateway.stop()
     assert ledger.counts()["ci:ci:w1:insert"] == 1
+
+
+def test_records_written_in_process_are_resolved_by_hand_by_ops_store_and_by_the_gateway(tmp_path: Path) -> None:
+    """A tool only this process has: `idemgate ops --store` and `idemgate serve` over the same
+    file resolve its `unknown` records by hand (never a lookup), and the process replays them."""
+    directory = tmp_path / "gate"
+    directory.mkdir()
+    url = f"sqlite://{directory / 'gate.sqlite'}"
+    ledger = FileLedger(tmp_path / "ledger")
+    lost = [True]
+    with idemgate.Local(url, tenant="ci", environment="ci") as engine:
+
+        @engine.tool("refunds.issue", fingerprint=["n"])
+        def refund(n: int, *, idempotency_key: str) -> idemgate.Receipt:
+            ledger.effect(idempotency_key)
+            if lost[0]:
+                raise ConnectionResetError("lost after the refund")
+            return idemgate.Receipt(f"refund-{n}", {"n": n})
+
+        first = refund.invoke({"n": 1}, workflow_id="w1", step_id="refund")
+        second = refund.invoke({"n": 2}, workflow_id="w2", step_id="refund")
+        assert isinstance(first, idemgate.Unknown) and isinstance(second, idemgate.Unknown)
+        key1, key2 = first.operation_key or "", second.operation_key or ""
+
+        def ops(*args: str) -> "subprocess.CompletedProcess[str]":
+            env = {**os.environ, "IDEMGATE_ACTOR": "alice"}
+            return subprocess.run(
+                [str(gateway_binary()), "ops", "--store", url, *args],
+                capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+            )
+
+        listed = ops("list")
+        assert listed.returncode == 0 and key1 in listed.stdout and key2 in listed.stdout, listed
+        lookup = ops("reconcile", key1)
+        assert lookup.returncode == 2 and "not loaded" in lookup.stderr, lookup
+        resolved = ops("reconcile", key1, "--applied", "--reference", "refund-1", "--result", '{"n": 1}',
+                       "--reason", "seen in the payments ledger")
+        assert resolved.returncode == 0, resolved
+        assert "unknown -> applied" in resolved.stdout, resolved.stdout
+        assert "by alice; reason: seen in the payments ledger" in resolved.stdout, resolved.stdout
+
+        gateway = Gateway(directory, "http://127.0.0.1:9")
+        try:
+            with idemgate.Client(gateway.url, OPERATOR_TOKEN) as client:
+                by_hand = client.resolve_applied(key2, "refund-2", {"n": 2}, reason="seen in the ledger too")
+                assert isinstance(by_hand, idemgate.Replayed), by_hand
+                read = client.operation(key2)
+                assert read.record_status == "applied"
+                assert any("reason: seen in the ledger too" in (e.detail or "") for e in read.events), read.events
+        finally:
+            gateway.stop()
+
+        lost[0] = False
+        again1 = refund.invoke({"n": 1}, workflow_id="w1", step_id="refund")
+        again2 = refund.invoke({"n": 2}, workflow_id="w2", step_id="refund")
+        assert isinstance(again1, idemgate.Replayed) and again1.effect_reference == "refund-1", again1
+        assert isinstance(again2, idemgate.Replayed) and again2.effect_reference == "refund-2", again2
+    assert ledger.counts()[key1] == 1 and ledger.counts()[key2] == 1

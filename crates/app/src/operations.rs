@@ -4,6 +4,12 @@
 //! as a missing one ([`App::owns`]), and the action is the executor's, with the record's tool.
 //! Who may act (a role, a token) is the face's to decide; `caller.actor` is recorded as the
 //! actor.
+//!
+//! A record whose tool this app does not serve (written by an in-process `idemgate.Local`, or
+//! by a gateway with other contracts) can still be resolved by hand — `applied` with the
+//! reference the operator found, `not_applied`, or denied — through the executor's by-hand
+//! paths ([`idemgate_engine::Executor::resolve_by_hand`]); it is never looked up or approved
+//! here, since neither the effect nor its lookup is at hand ([`ActError::NotServed`]).
 
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
@@ -31,21 +37,32 @@ pub enum ActError {
 impl App {
     /// The tool of the operation under `key`, for an operator's action by `caller`.
     async fn tool_of(&self, caller: &Caller, key: &OperationKey) -> Result<Tool, ActError> {
+        match self.served(caller, key).await? {
+            Ok(tool) => Ok(tool),
+            Err(tool) => Err(ActError::NotServed {
+                key: key.clone(),
+                tool,
+            }),
+        }
+    }
+
+    /// The operation's tool if this app serves it, else the tool's name.
+    async fn served(
+        &self,
+        caller: &Caller,
+        key: &OperationKey,
+    ) -> Result<Result<Tool, String>, ActError> {
         let record = self
             .record(&caller.tenant, key)
             .await
             .map_err(ActionError::Store)?
             .ok_or_else(|| ActError::NotFound(key.clone()))?;
-        self.tools()
-            .get(&record.tool)
-            .ok_or_else(|| ActError::NotServed {
-                key: key.clone(),
-                tool: record.tool.clone(),
-            })
+        Ok(self.tools().get(&record.tool).ok_or(record.tool))
     }
 
     /// Reconciles an operation that has not settled (see `Executor::reconcile`): with no
-    /// resolution by looking the receipt up now, otherwise as the caller resolves it.
+    /// resolution by looking the receipt up now, otherwise as the caller resolves it — by
+    /// hand when its tool is not served here.
     pub async fn reconcile(
         &self,
         caller: &Caller,
@@ -53,7 +70,22 @@ impl App {
         resolution: Option<Resolution>,
         reason: &str,
     ) -> Result<Outcome, ActError> {
-        let tool = self.tool_of(caller, key).await?;
+        let tool = match (self.served(caller, key).await?, resolution) {
+            (Ok(tool), resolution) => (tool, resolution),
+            (Err(_), Some(resolution)) => {
+                return Ok(self
+                    .executor()
+                    .resolve_by_hand(key, resolution, &caller.actor, reason)
+                    .await?);
+            }
+            (Err(tool), None) => {
+                return Err(ActError::NotServed {
+                    key: key.clone(),
+                    tool,
+                });
+            }
+        };
+        let (tool, resolution) = tool;
         Ok(self
             .executor()
             .reconcile(
@@ -90,14 +122,23 @@ impl App {
             .await?)
     }
 
-    /// Denies an operation awaiting approval: every later delivery replays the refusal.
+    /// Denies an operation awaiting approval: every later delivery replays the refusal (by
+    /// hand when its tool is not served here).
     pub async fn deny(
         &self,
         caller: &Caller,
         key: &OperationKey,
         reason: &str,
     ) -> Result<Outcome, ActError> {
-        let tool = self.tool_of(caller, key).await?;
+        let tool = match self.served(caller, key).await? {
+            Ok(tool) => tool,
+            Err(_) => {
+                return Ok(self
+                    .executor()
+                    .deny_by_hand(key, &caller.actor, reason)
+                    .await?);
+            }
+        };
         Ok(self
             .executor()
             .deny(&tool.contract, key, &caller.actor, reason)

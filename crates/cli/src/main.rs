@@ -70,8 +70,9 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Put the executor in front of any stdio MCP server: `idemgate wrap -- <command> [args…]`.
     Wrap(wrap::WrapArgs),
-    /// Operators' actions against a gateway: the reconciliation queue, approvals, timelines.
-    /// The token is read from IDEMGATE_TOKEN.
+    /// Operators' actions: the reconciliation queue, approvals, timelines. Against a gateway
+    /// (default http://127.0.0.1:8080; the token is read from IDEMGATE_TOKEN), or on a store
+    /// directly with --store URL.
     Ops(ops::OpsArgs),
     /// Mint bearer tokens for the gateway's configuration.
     #[command(subcommand)]

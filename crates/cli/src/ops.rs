@@ -1,5 +1,10 @@
 //! `idemgate ops`: the operators' actions against a running gateway, over its API v1
-//! (`/v1/operations…`).
+//! (`/v1/operations…`; by default the local gateway at [`DEFAULT_GATEWAY`]), or with
+//! `--store URL` on a store directly, without a gateway: the store is opened here and every
+//! answer is API v1's own (`idemgate_server::api`'s operator answers over an `App`), so output,
+//! `--json` and exit statuses are the same either way. Over a store, records of a tool not
+//! loaded here (`--contracts`) — a tool of an in-process `idemgate.Local`, say — are resolved
+//! by hand (`reconcile --applied --reference REF`, `--not-applied`, `deny`), never looked up.
 //!
 //! - `list` — a page of the tenant's operations; by default the reconciliation queue
 //!   (`status=unknown`), with the next page's cursor.
@@ -33,6 +38,13 @@ use serde_json::{Value, json};
 /// Where the token is read from; never from an argument.
 pub const TOKEN_VAR: &str = "IDEMGATE_TOKEN";
 
+/// The gateway `ops` talks to when neither `--gateway` nor `--store` names one: where
+/// `idemgate serve` listens by default.
+pub const DEFAULT_GATEWAY: &str = "http://127.0.0.1:8080";
+
+/// Who acts, over a store: this variable, else the login name (`USER`), else "operator".
+pub const ACTOR_VAR: &str = "IDEMGATE_ACTOR";
+
 /// An answer may come only after an approved effect ran (the gateway waits for it a while): long
 /// enough for that, and still bounded.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,10 +53,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Flags of `idemgate ops`.
 #[derive(Debug, clap::Args)]
 pub struct OpsArgs {
-    /// The gateway's base URL, e.g. http://127.0.0.1:8080. The token is read from
-    /// IDEMGATE_TOKEN.
+    /// The gateway's base URL (default http://127.0.0.1:8080, where `idemgate serve`
+    /// listens). The token is read from IDEMGATE_TOKEN.
     #[arg(long, env = "IDEMGATE_GATEWAY", value_name = "URL", global = true)]
     gateway: Option<String>,
+    /// Act on this store directly, without a gateway: sqlite://PATH or postgres://… (no token;
+    /// whoever can open the store is its operator). The actor recorded is IDEMGATE_ACTOR, else
+    /// the login name.
+    #[arg(long, value_name = "URL", global = true, conflicts_with = "gateway")]
+    store: Option<String>,
+    /// With --store: contracts (glob patterns) whose tools are served here, so that their
+    /// receipts can be looked up and their approvals run. Records of other tools can only be
+    /// resolved by hand or denied.
+    #[arg(long, value_name = "PATTERN", global = true)]
+    contracts: Vec<String>,
+    /// With --store: the variable holding the key the store's requests and results are
+    /// encrypted with (the gateway's `encryption_key_env`).
+    #[arg(long, value_name = "VAR", global = true)]
+    encryption_key_env: Option<String>,
     /// Print the gateway's JSON answer (one document) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -105,6 +131,12 @@ struct ListArgs {
     /// Start after this key: the cursor the previous page printed.
     #[arg(long, value_name = "KEY")]
     after: Option<String>,
+    /// With --store: only this tenant's operations (a gateway lists its token's tenant).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// With --store: only this environment's operations (a gateway lists its own).
+    #[arg(long)]
+    environment: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -274,12 +306,7 @@ struct Client {
 
 impl Client {
     fn new(gateway: Option<&str>) -> anyhow::Result<Client> {
-        let Some(gateway) = gateway else {
-            bail!(
-                "no gateway named: pass --gateway URL or set IDEMGATE_GATEWAY (for example \
-                 http://127.0.0.1:8080)"
-            );
-        };
+        let gateway = gateway.unwrap_or(DEFAULT_GATEWAY);
         let mut base = Url::parse(gateway.trim())
             .map_err(|e| anyhow!("--gateway {gateway:?} is not a URL ({e})"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
@@ -344,7 +371,8 @@ impl Client {
         let response = request.send().await.map_err(|e| {
             if e.is_connect() {
                 anyhow!(
-                    "cannot reach the gateway at {}: {} (is `idemgate serve` running there?); \
+                    "cannot reach the gateway at {}: {} (is `idemgate serve` running there? \
+                     --gateway URL names another, --store URL acts on a store directly); \
                      nothing was sent",
                     self.base,
                     cause(&e)
@@ -384,19 +412,6 @@ impl Client {
             body,
             raw: String::from_utf8_lossy(&bytes).into_owned(),
         })
-    }
-
-    async fn get_operation(&self, key: &str) -> anyhow::Result<(OperationView, String)> {
-        let reply = self
-            .send(Method::GET, &["v1", "operations", key], &[], None)
-            .await?;
-        if !reply.status.is_success() {
-            let reading = Needs::AnyToken("reading the operation");
-            return Err(self.refusal(&reply, Some(key), reading).await);
-        }
-        let view = serde_json::from_value(reply.body.clone())
-            .context("the gateway's operation does not have the expected shape")?;
-        Ok((view, reply.raw))
     }
 
     /// The error for a refused request, naming what was wrong.
@@ -475,10 +490,282 @@ fn cause(e: &reqwest::Error) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A store, without a gateway.
+
+/// A store opened here, answering as API v1 would.
+struct Local {
+    app: idemgate_app::App,
+    url: String,
+    actor: String,
+    /// `list`'s scope: every tenant and environment unless narrowed.
+    tenant: Option<String>,
+    environment: Option<String>,
+}
+
+impl Local {
+    /// Opens the store and the tools of `contracts`, for actions in `environment` (a key's, or
+    /// the listing's when it names one).
+    async fn open(args: &OpsArgs, url: &str, environment: &str) -> anyhow::Result<Local> {
+        use idemgate_app::{Assembly, HttpEffects, ToolSet, contracts};
+        let tools = if args.contracts.is_empty() {
+            ToolSet::default()
+        } else {
+            let loaded = contracts::load(&args.contracts, std::path::Path::new(""))?;
+            ToolSet::build(loaded, &HttpEffects)?
+        };
+        let store = idemgate_app::open_gateway_store(url, args.encryption_key_env.as_deref())
+            .await
+            .map_err(|e| anyhow!("{e}; nothing changed"))?;
+        let app = Assembly::new(store, tools, environment).build();
+        let actor = [ACTOR_VAR, "USER"]
+            .iter()
+            .filter_map(|var| std::env::var(var).ok())
+            .map(|name| name.trim().to_string())
+            .find(|name| !name.is_empty())
+            .unwrap_or_else(|| "operator".into());
+        Ok(Local {
+            app,
+            url: idemgate_app::redact(url),
+            actor,
+            tenant: None,
+            environment: None,
+        })
+    }
+
+    /// An operator of the key's tenant: over a store, every tenant's keys are at hand.
+    fn caller(&self, key: &str) -> idemgate_engine::Caller {
+        idemgate_engine::Caller {
+            tenant: key.split(':').next().unwrap_or_default().to_string(),
+            actor: self.actor.clone(),
+            role: "operator".into(),
+        }
+    }
+
+    async fn list(&self, query: &[(&str, String)]) -> anyhow::Result<Reply> {
+        use idemgate_server::api;
+        let find = |name: &str| {
+            query
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let limit = find("limit").and_then(|l| l.parse().ok());
+        let asked = api::ListQuery {
+            status: find("status"),
+            tool: find("tool"),
+            after: find("after"),
+            limit,
+        };
+        let answer = match api::list_filter(asked) {
+            Err(e) => axum::response::IntoResponse::into_response(e),
+            Ok(filter) => {
+                let filter = idemgate_core::store::Filter {
+                    tenant: self.tenant.clone(),
+                    environment: self.environment.clone(),
+                    ..filter
+                };
+                let limit = filter.limit;
+                match self.app.executor().store().list(filter).await {
+                    Ok(records) => {
+                        let page = api::list_page(&records, limit);
+                        axum::response::IntoResponse::into_response(axum::Json(page))
+                    }
+                    Err(e) => axum::response::IntoResponse::into_response(
+                        idemgate_server::wire::ApiError::store(&e),
+                    ),
+                }
+            }
+        };
+        Reply::of(answer).await
+    }
+
+    async fn get(&self, key: &str) -> anyhow::Result<Reply> {
+        let answer =
+            idemgate_server::api::operation_answer(&self.app, &self.caller(key), key).await;
+        Reply::of(answer.unwrap_or_else(axum::response::IntoResponse::into_response)).await
+    }
+
+    async fn post(&self, key: &str, action: &str, body: Option<&Value>) -> anyhow::Result<Reply> {
+        use axum::response::IntoResponse;
+        use idemgate_server::api;
+        fn read<T: serde::de::DeserializeOwned + Default>(
+            body: Option<&Value>,
+        ) -> anyhow::Result<T> {
+            match body {
+                None => Ok(T::default()),
+                Some(body) => serde_json::from_value(body.clone())
+                    .map_err(|e| anyhow!("the action's body does not read: {e}")),
+            }
+        }
+        let caller = self.caller(key);
+        let answer = match action {
+            "approve" => api::approve_answer(&self.app, &caller, key, read(body)?).await,
+            "deny" => api::deny_answer(&self.app, &caller, key, read(body)?).await,
+            _ => {
+                let request = match body {
+                    None => None,
+                    Some(body) => Some(
+                        serde_json::from_value(body.clone())
+                            .map_err(|e| anyhow!("the action's body does not read: {e}"))?,
+                    ),
+                };
+                api::reconcile_answer(&self.app, &caller, key, request).await
+            }
+        };
+        Reply::of(match answer {
+            Ok(answer) => answer.into_response(),
+            Err(e) => e.into_response(),
+        })
+        .await
+    }
+}
+
+impl Reply {
+    /// An answer made here, read as the gateway's would be.
+    async fn of(response: axum::response::Response) -> anyhow::Result<Reply> {
+        let status = StatusCode::from_u16(response.status().as_u16())
+            .context("an answer with an unknown status")?;
+        let problem = response
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/problem+json"));
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .context("reading an answer")?;
+        let body: Value = serde_json::from_slice(&bytes).context("an answer that is not JSON")?;
+        Ok(Reply {
+            status,
+            problem,
+            body,
+            raw: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+}
+
+/// Where the operator's commands go: a gateway, or a store opened here.
+enum Target {
+    Gateway(Client),
+    Store(Local),
+}
+
+impl Target {
+    async fn list(&self, query: &[(&str, String)]) -> anyhow::Result<Reply> {
+        match self {
+            Target::Gateway(client) => {
+                client
+                    .send(Method::GET, &["v1", "operations"], query, None)
+                    .await
+            }
+            Target::Store(local) => local.list(query).await,
+        }
+    }
+
+    async fn post(&self, key: &str, action: &str, body: Option<&Value>) -> anyhow::Result<Reply> {
+        match self {
+            Target::Gateway(client) => {
+                client
+                    .send(Method::POST, &["v1", "operations", key, action], &[], body)
+                    .await
+            }
+            Target::Store(local) => local.post(key, action, body).await,
+        }
+    }
+
+    async fn get_operation(&self, key: &str) -> anyhow::Result<(OperationView, String)> {
+        let reply = match self {
+            Target::Gateway(client) => {
+                client
+                    .send(Method::GET, &["v1", "operations", key], &[], None)
+                    .await?
+            }
+            Target::Store(local) => local.get(key).await?,
+        };
+        if !reply.status.is_success() {
+            let reading = Needs::AnyToken("reading the operation");
+            return Err(self.refusal(&reply, Some(key), reading).await);
+        }
+        let view = serde_json::from_value(reply.body.clone())
+            .context("the operation does not have the expected shape")?;
+        Ok((view, reply.raw))
+    }
+
+    /// The error for a refused request, naming what was wrong.
+    async fn refusal(&self, reply: &Reply, key: Option<&str>, needs: Needs) -> anyhow::Error {
+        let local = match self {
+            Target::Gateway(client) => return client.refusal(reply, key, needs).await,
+            Target::Store(local) => local,
+        };
+        let detail = reply.detail();
+        let label = reply.label();
+        let action = match needs {
+            Needs::AnyToken(action) | Needs::Operator(action) => action,
+        };
+        match (reply.status.as_u16(), reply.code()) {
+            (404, Some("not_found")) if key.is_some() => anyhow!(
+                "no operation {} in the store {} ({label})",
+                key.unwrap_or_default(),
+                local.url
+            ),
+            (503, _) => anyhow!(
+                "{action}: the store {} is unavailable ({label}): {detail}; nothing changed, \
+                 retry later",
+                local.url
+            ),
+            _ if detail.contains("is not loaded here") => anyhow!(
+                "{action} was refused ({label}): {detail} (--contracts PATTERN loads the tool's \
+                 contract here); nothing changed"
+            ),
+            _ => anyhow!("{action} was refused ({label}): {detail}; nothing changed"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The commands.
 
 pub async fn run(args: OpsArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::new(args.gateway.as_deref())?;
+    if args.store.is_none() {
+        let store_only = [
+            ("--contracts", !args.contracts.is_empty()),
+            ("--encryption-key-env", args.encryption_key_env.is_some()),
+            (
+                "--tenant",
+                matches!(&args.command, Command::List(l) if l.tenant.is_some()),
+            ),
+            (
+                "--environment",
+                matches!(&args.command, Command::List(l) if l.environment.is_some()),
+            ),
+        ];
+        if let Some((flag, _)) = store_only.iter().find(|(_, given)| *given) {
+            bail!(
+                "{flag} applies only with --store URL (a gateway has its own contracts, key, \
+                 tenant and environment); nothing was sent"
+            );
+        }
+    }
+    let client = match &args.store {
+        None => Target::Gateway(Client::new(args.gateway.as_deref())?),
+        Some(url) => {
+            // One key's environment, or the listing's (any name serves a listing of all).
+            let environment = match &args.command {
+                Command::List(list) => list.environment.clone().unwrap_or_else(|| "-".into()),
+                Command::Show { key }
+                | Command::Approve { key, .. }
+                | Command::Deny { key, .. }
+                | Command::Reconcile(ReconcileArgs { key, .. }) => {
+                    key.split(':').nth(1).unwrap_or_default().to_string()
+                }
+            };
+            let mut local = Local::open(&args, url, &environment).await?;
+            if let Command::List(list) = &args.command {
+                local.tenant = list.tenant.clone();
+                local.environment = list.environment.clone();
+            }
+            Target::Store(local)
+        }
+    };
     let json = args.json;
     match args.command {
         Command::List(list) => list_operations(&client, list, json).await,
@@ -538,7 +825,7 @@ pub async fn run(args: OpsArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Result<ExitCode> {
+async fn list_operations(client: &Target, a: ListArgs, json: bool) -> anyhow::Result<ExitCode> {
     let mut query = Vec::new();
     if a.status != "all" {
         query.push(("status", a.status.clone()));
@@ -552,9 +839,7 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
     if let Some(after) = &a.after {
         query.push(("after", after.clone()));
     }
-    let reply = client
-        .send(Method::GET, &["v1", "operations"], &query, None)
-        .await?;
+    let reply = client.list(&query).await?;
     if !reply.status.is_success() {
         let listing = Needs::Operator("listing operations");
         return Err(client.refusal(&reply, None, listing).await);
@@ -563,8 +848,8 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
         println!("{}", reply.raw);
         return Ok(ExitCode::SUCCESS);
     }
-    let list: OperationList = serde_json::from_value(reply.body)
-        .context("the gateway's list does not have the expected shape")?;
+    let list: OperationList =
+        serde_json::from_value(reply.body).context("the list does not have the expected shape")?;
     let now = now_ms();
     let which = if a.status == "all" {
         "any status".to_string()
@@ -599,7 +884,17 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
         );
     }
     if let Some(next) = &list.next_after {
-        let mut again = format!("idemgate ops list --status {}", a.status);
+        let mut again = match client {
+            Target::Gateway(_) => "idemgate ops list".to_string(),
+            // The URL as it may be shown: a password stays out of the terminal.
+            Target::Store(local) => format!("idemgate ops --store {} list", shell_word(&local.url)),
+        };
+        again.push_str(&format!(" --status {}", a.status));
+        for (flag, value) in [("--tenant", &a.tenant), ("--environment", &a.environment)] {
+            if let Some(value) = value {
+                again.push_str(&format!(" {flag} {}", shell_word(value)));
+            }
+        }
         if let Some(tool) = &a.tool {
             again.push_str(&format!(" --tool {}", shell_word(tool)));
         }
@@ -612,7 +907,7 @@ async fn list_operations(client: &Client, a: ListArgs, json: bool) -> anyhow::Re
     Ok(ExitCode::SUCCESS)
 }
 
-async fn show(client: &Client, key: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn show(client: &Target, key: &str, json: bool) -> anyhow::Result<ExitCode> {
     let (view, raw) = client.get_operation(key).await?;
     if json {
         println!("{raw}");
@@ -723,7 +1018,7 @@ fn unchanged(before: &OperationView, after: &OperationView) -> bool {
 }
 
 async fn act(
-    client: &Client,
+    client: &Target,
     key: &str,
     action: Action,
     body: Option<Value>,
@@ -736,14 +1031,7 @@ async fn act(
     {
         confirm_not_applied(&before)?;
     }
-    let reply = client
-        .send(
-            Method::POST,
-            &["v1", "operations", key, action.path()],
-            &[],
-            body.as_ref(),
-        )
-        .await?;
+    let reply = client.post(key, action.path(), body.as_ref()).await?;
     // A denial's answer is the refusal every later delivery will get: a problem, and success.
     let denied = action == Action::Deny && reply.code() == Some("approval_denied");
     let refused = reply.problem && !denied;

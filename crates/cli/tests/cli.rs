@@ -385,7 +385,7 @@ fn a_draft_without_retention_owner_or_version_lists_each_and_the_decision() {
                 "",
             ),
             (
-                "owner:\n  reconciliation: support-platform-oncall\n  next_review: \"2027-02-01\"\n",
+                "owner:\n  reconciliation: support-platform-oncall\n  next_review: \"2027-02-01\"\n  runbook: https://runbooks.example.com/tickets.create\n",
                 "",
             ),
         ]),

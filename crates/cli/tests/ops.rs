@@ -626,9 +626,14 @@ async fn refusals_name_what_is_wrong_and_change_nothing() {
     let argument = idemgate(Some(&url), None, &["ops", "list", "--token", OPERATOR]);
     expect_code(&argument, 2);
     assert!(argument.stderr.contains("--token"), "{argument:?}");
+    // Without --gateway, the local gateway `serve` listens on by default (whatever answers
+    // there on this machine, this token is not its operator's).
     let no_gateway = idemgate(None, Some(OPERATOR), &["ops", "list"]);
     expect_code(&no_gateway, 2);
-    assert!(no_gateway.stderr.contains("--gateway"), "{no_gateway:?}");
+    assert!(
+        no_gateway.stderr.contains("127.0.0.1:8080") || no_gateway.stderr.contains("refused"),
+        "{no_gateway:?}"
+    );
     let flag = idemgate(None, Some(OPERATOR), &["ops", "--gateway", &url, "list"]);
     expect_code(&flag, 0);
     assert!(flag.stdout.contains(&k), "{flag:?}");
@@ -785,4 +790,72 @@ async fn not_applied_on_a_terminal_asks_first() {
         &["Type yes", &k, "unknown ->", "reconciled"],
     );
     assert_ne!(record(&gateway, &k).await["record_status"], "unknown");
+}
+
+/// `ops --store` on the gateway's own store once it is down: without the contracts an approval
+/// cannot run (the effect is not at hand); with `--contracts` the approval runs the effect once,
+/// over HTTP as the gateway would, counted at the fake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_on_the_store_with_the_contracts_approves_as_the_gateway_would() {
+    let (fake, mut gateway) = fake_gateway().await;
+    let k = key("run-11", "legal");
+    let waiting = invoke(
+        &gateway,
+        "tickets.create",
+        "run-11",
+        "legal",
+        legal_ticket("NDA"),
+    )
+    .await;
+    assert_eq!(
+        waiting.body["next_action"], "ask_for_approval",
+        "{waiting:?}"
+    );
+    gateway.stop();
+    let url = format!("sqlite://{}", gateway.dir.join("gate.sqlite").display());
+    let contracts = format!("{}/contracts/*.yaml", gateway.dir.display());
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            support::idemgate_with(None, None, &[("IDEMGATE_ACTOR", "alice")], &args)
+        })
+    };
+    let words = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let bare = run(words(&[
+        "ops",
+        "--store",
+        &url,
+        "approve",
+        &k,
+        "--reason",
+        "legal asked",
+    ]))
+    .await
+    .unwrap();
+    expect_code(&bare, 2);
+    assert!(bare.stderr.contains("not loaded"), "{bare:?}");
+    assert_eq!(effects(&fake, &k), 0);
+
+    let approved = run(words(&[
+        "ops",
+        "--store",
+        &url,
+        "--contracts",
+        &contracts,
+        "approve",
+        &k,
+        "--reason",
+        "legal asked",
+    ]))
+    .await
+    .unwrap();
+    expect_code(&approved, 0);
+    assert!(
+        approved.stdout.contains("awaiting_approval -> applied")
+            && approved.stdout.contains("approved by alice")
+            && approved.stdout.contains("reason: legal asked"),
+        "{approved:?}"
+    );
+    assert_eq!(effects(&fake, &k), 1);
 }

@@ -289,10 +289,15 @@ pub struct RetentionSpec {
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct OwnerSpec {
+    /// Who owns the unknown-outcome queue of this tool: a team or rota, shown to operators.
     #[serde(default)]
     pub reconciliation: Option<String>,
     #[serde(default)]
     pub next_review: Option<String>,
+    /// Where an operator reads how to check this tool's effect in its system of record (a
+    /// URL, shown as a link on the console's operation page; any other text is shown as is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runbook: Option<String>,
 }
 
 /// A contract as written. Optional where the linter should report absence instead of the

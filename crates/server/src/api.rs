@@ -24,7 +24,7 @@ use crate::console::view::rfc3339;
 use crate::headers::{self, StepKey};
 use crate::state::AppState;
 use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
-use idemgate_app::Tool;
+use idemgate_app::{ActError, App, Tool};
 
 pub const TAG: &str = "idemgate";
 
@@ -398,34 +398,8 @@ fn strip_position(message: &str) -> &str {
     message.split(" at line ").next().unwrap_or(message)
 }
 
-/// The operation under `key` if it belongs to the caller's tenant and this environment;
-/// otherwise not found, exactly as a missing one.
-async fn own_record(
-    state: &AppState,
-    principal: &Principal,
-    key: &str,
-) -> Result<(OperationKey, Record), ApiError> {
-    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    match state.app().record(&principal.tenant, &key).await {
-        Ok(Some(record)) => Ok((key, record)),
-        Ok(None) => Err(ApiError::not_found()),
-        Err(e) => Err(ApiError::store(&e)),
-    }
-}
-
-fn loaded_tool(state: &AppState, record: &Record) -> Result<Tool, ApiError> {
-    state.tools().get(&record.tool).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "the tool {} of this operation is not loaded by this gateway",
-                record.tool
-            ),
-        )
-    })
-}
-
-fn summary(record: &Record) -> OperationSummary {
+/// A record as API v1 shows it.
+pub fn summary(record: &Record) -> OperationSummary {
     let job_id = match &record.state {
         RecordState::Pending {
             dispatch: idemgate_core::record::Dispatch::Job { job_id },
@@ -459,7 +433,8 @@ fn summary(record: &Record) -> OperationSummary {
     }
 }
 
-fn event_view(e: Event) -> EventView {
+/// An event as API v1 shows it.
+pub fn event_view(e: Event) -> EventView {
     EventView {
         kind: e.kind.as_str().to_string(),
         at: e.at,
@@ -805,38 +780,7 @@ pub async fn get_operation(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let principal = authenticate(&state, &headers)?;
-    let key = OperationKey::parse(&key).map_err(|_| ApiError::not_found())?;
-    let executor = state.executor();
-    // A stored result is handed out like a replay: the reader is rechecked first.
-    let (record, outcome) = match state.app().operation(&caller_of(&principal), &key).await {
-        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
-        Ok(Some(StatusRead::Denied(outcome))) => return Err(ApiError::refused(&outcome)),
-        Ok(None) => return Err(ApiError::not_found()),
-        Err(e) => return Err(ApiError::store(&e)),
-    };
-    let events = executor
-        .store()
-        .events(&key)
-        .await
-        .map_err(|e| ApiError::store(&e))?;
-    let receipt = match &record.state {
-        RecordState::Applied(r) => Some(ReceiptView {
-            reference: r.reference.clone(),
-            result: r.result.clone(),
-        }),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::FailedPermanent(_)
-        | RecordState::Unknown(_)
-        | RecordState::Tombstone(_) => None,
-    };
-    let view = OperationView {
-        record: summary(&record),
-        receipt,
-        outcome: OutcomeView::from(&outcome),
-        events: events.into_iter().map(event_view).collect(),
-    };
-    Ok(WithOutcome(outcome.status, view).into_response())
+    operation_answer(state.app(), &caller_of(&principal), &key).await
 }
 
 /// List the tenant's operations (operator). `status=unknown` is the reconciliation queue.
@@ -861,35 +805,13 @@ pub async fn list_operations(
     let principal = authenticate(&state, &headers)?;
     operator(&principal)?;
     let Query(query) = query.map_err(|e| invalid(format!("query: {}", e.body_text())))?;
-    let status = match query.status.as_deref() {
-        None => None,
-        Some(text) => Some(RecordStatus::parse(text).ok_or_else(|| {
-            invalid("status is one of pending, awaiting_approval, applied, failed_permanent, unknown, tombstone")
-        })?),
-    };
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=500).contains(&limit) {
-        return Err(invalid("limit is between 1 and 500"));
-    }
-    let filter = Filter {
-        status,
-        tool: query.tool,
-        after: query.after,
-        limit,
-        ..Filter::default()
-    };
+    let filter = list_filter(query)?;
     let records = state
         .app()
-        .list(&principal.tenant, filter)
+        .list(&principal.tenant, filter.clone())
         .await
         .map_err(|e| ApiError::store(&e))?;
-    let next_after = (records.len() == limit)
-        .then(|| records.last().map(|r| r.key.to_string()))
-        .flatten();
-    Ok(axum::Json(OperationList {
-        operations: records.iter().map(summary).collect(),
-        next_after,
-    }))
+    Ok(axum::Json(list_page(&records, filter.limit)))
 }
 
 /// Reconcile an `unknown` operation (operator). No body: look the receipt up now. A body
@@ -922,43 +844,8 @@ pub async fn reconcile(
     let principal = authenticate(&state, &headers)?;
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
-    let (resolution, reason) = match optional_body::<ReconcileRequest>(&state, &bytes)? {
-        None => (None, None),
-        Some(ReconcileRequest::Lookup { reason }) => (None, reason),
-        Some(ReconcileRequest::Applied {
-            effect_reference,
-            result,
-            reason,
-        }) => (
-            Some(Resolution::Applied {
-                reference: effect_reference,
-                result,
-            }),
-            reason,
-        ),
-        Some(ReconcileRequest::NotApplied { reason }) => (Some(Resolution::NotApplied), reason),
-    };
-    let reason = reason_of(reason);
-    if let Some(Resolution::Applied { reference, .. }) = &resolution
-        && reference.trim().is_empty()
-    {
-        return Err(invalid("effect_reference is empty"));
-    }
-    let (key, record) = own_record(&state, &principal, &key).await?;
-    let tool = loaded_tool(&state, &record)?;
-    state
-        .executor()
-        .reconcile(
-            &tool.contract,
-            &key,
-            resolution,
-            &principal.name,
-            &reason,
-            tool.downstream.as_ref(),
-        )
-        .await
-        .map(Answer)
-        .map_err(ApiError::action)
+    let request = optional_body::<ReconcileRequest>(&state, &bytes)?;
+    reconcile_answer(state.app(), &caller_of(&principal), &key, request).await
 }
 
 /// Approve an operation awaiting approval (operator): the effect then runs, with the original
@@ -992,30 +879,7 @@ pub async fn approve(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<ApproveRequest>(&state, &bytes)?.unwrap_or_default();
-    let reason = reason_of(request.reason);
-    let expected = match request.fingerprint {
-        Some(text) => Some(
-            Fingerprint::parse(&text)
-                .map_err(|_| invalid("fingerprint is `sha256:` and 64 hex digits"))?,
-        ),
-        None => None,
-    };
-    let (key, record) = own_record(&state, &principal, &key).await?;
-    let tool = loaded_tool(&state, &record)?;
-    // Detached like an invocation: the approved effect does not depend on this connection.
-    state
-        .executor()
-        .approve_detached(
-            tool.contract.clone(),
-            key,
-            principal.name.clone(),
-            reason,
-            expected,
-            tool.downstream.clone(),
-        )
-        .await
-        .map(Answer)
-        .map_err(ApiError::action)
+    approve_answer(state.app(), &caller_of(&principal), &key, request).await
 }
 
 /// Deny an operation awaiting approval (operator): every later delivery replays the refusal.
@@ -1045,15 +909,7 @@ pub async fn deny(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<DenyRequest>(&state, &bytes)?.unwrap_or_default();
-    let reason = reason_of(request.reason);
-    let (key, record) = own_record(&state, &principal, &key).await?;
-    let tool = loaded_tool(&state, &record)?;
-    state
-        .executor()
-        .deny(&tool.contract, &key, &principal.name, &reason)
-        .await
-        .map(Answer)
-        .map_err(ApiError::action)
+    deny_answer(state.app(), &caller_of(&principal), &key, request).await
 }
 
 /// Liveness and store reachability.
@@ -1118,4 +974,177 @@ pub async fn method_not_allowed() -> ApiError {
         "this resource does not answer that method; /openapi.json lists the methods",
     )
     .with_status(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The operator's answers, after authentication. The handlers above call them for a token's
+// holder; `idemgate ops --store` calls them over a store it opened itself, so both answer
+// alike. Every action goes through the app's operator methods ([`App::reconcile`],
+// [`App::approve`], [`App::deny`]): a record of a tool this app does not serve is resolved by
+// hand there (never looked up, never approved).
+
+/// `GET /v1/operations/{key}`: the record, its receipt, the outcome a poll gives, and its
+/// events. Polling advances an accepted job; it never performs a new effect. A key `caller`
+/// may not see answers 404, exactly as a missing one.
+pub async fn operation_answer(app: &App, caller: &Caller, key: &str) -> Result<Response, ApiError> {
+    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
+    // A stored result is handed out like a replay: the reader is rechecked first.
+    let (record, outcome) = match app.operation(caller, &key).await {
+        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
+        Ok(Some(StatusRead::Denied(outcome))) => return Err(ApiError::refused(&outcome)),
+        Ok(None) => return Err(ApiError::not_found()),
+        Err(e) => return Err(ApiError::store(&e)),
+    };
+    let events = app
+        .executor()
+        .store()
+        .events(&key)
+        .await
+        .map_err(|e| ApiError::store(&e))?;
+    let receipt = match &record.state {
+        RecordState::Applied(r) => Some(ReceiptView {
+            reference: r.reference.clone(),
+            result: r.result.clone(),
+        }),
+        RecordState::Pending { .. }
+        | RecordState::AwaitingApproval { .. }
+        | RecordState::FailedPermanent(_)
+        | RecordState::Unknown(_)
+        | RecordState::Tombstone(_) => None,
+    };
+    let view = OperationView {
+        record: summary(&record),
+        receipt,
+        outcome: OutcomeView::from(&outcome),
+        events: events.into_iter().map(event_view).collect(),
+    };
+    Ok(WithOutcome(outcome.status, view).into_response())
+}
+
+/// The store filter of a listing query (status, tool, keyset position, limit), checked; its
+/// tenant and environment are left for the caller's scope to set.
+pub fn list_filter(query: ListQuery) -> Result<Filter, ApiError> {
+    let status = match query.status.as_deref() {
+        None => None,
+        Some(text) => Some(RecordStatus::parse(text).ok_or_else(|| {
+            invalid("status is one of pending, awaiting_approval, applied, failed_permanent, unknown, tombstone")
+        })?),
+    };
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(invalid("limit is between 1 and 500"));
+    }
+    Ok(Filter {
+        status,
+        tool: query.tool,
+        after: query.after,
+        limit,
+        ..Filter::default()
+    })
+}
+
+/// A page of operations as API v1 lists them: the next page starts after the last key when
+/// this one is full.
+pub fn list_page(records: &[Record], limit: usize) -> OperationList {
+    let next_after = (records.len() == limit)
+        .then(|| records.last().map(|r| r.key.to_string()))
+        .flatten();
+    OperationList {
+        operations: records.iter().map(summary).collect(),
+        next_after,
+    }
+}
+
+/// An operator action refused by the app, as a problem.
+fn act_error(e: ActError) -> ApiError {
+    match e {
+        ActError::NotFound(_) => ApiError::not_found(),
+        ActError::NotServed { tool, .. } => ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "the tool {tool} of this operation is not loaded here; without it the \
+                 operation can only be resolved by hand (applied with a reference, or not \
+                 applied) or denied"
+            ),
+        ),
+        ActError::Action(e) => ApiError::action(e),
+        other => ApiError::new(ErrorCode::Conflict, other.to_string()),
+    }
+}
+
+/// `POST /v1/operations/{key}/reconcile` by `caller` (an operator): no request looks the
+/// receipt up now; a resolution settles the record as the operator found it.
+pub async fn reconcile_answer(
+    app: &App,
+    caller: &Caller,
+    key: &str,
+    request: Option<ReconcileRequest>,
+) -> Result<Answer, ApiError> {
+    let (resolution, reason) = match request {
+        None => (None, None),
+        Some(ReconcileRequest::Lookup { reason }) => (None, reason),
+        Some(ReconcileRequest::Applied {
+            effect_reference,
+            result,
+            reason,
+        }) => (
+            Some(Resolution::Applied {
+                reference: effect_reference,
+                result,
+            }),
+            reason,
+        ),
+        Some(ReconcileRequest::NotApplied { reason }) => (Some(Resolution::NotApplied), reason),
+    };
+    let reason = reason_of(reason);
+    if let Some(Resolution::Applied { reference, .. }) = &resolution
+        && reference.trim().is_empty()
+    {
+        return Err(invalid("effect_reference is empty"));
+    }
+    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
+    app.reconcile(caller, &key, resolution, &reason)
+        .await
+        .map(Answer)
+        .map_err(act_error)
+}
+
+/// `POST /v1/operations/{key}/approve` by `caller` (an operator): the effect then runs, with
+/// the original caller's authorization rechecked, on a task of its own (the approver's
+/// connection is not the effect's lifetime).
+pub async fn approve_answer(
+    app: &App,
+    caller: &Caller,
+    key: &str,
+    request: ApproveRequest,
+) -> Result<Answer, ApiError> {
+    let reason = reason_of(request.reason);
+    let expected = match request.fingerprint {
+        Some(text) => Some(
+            Fingerprint::parse(&text)
+                .map_err(|_| invalid("fingerprint is `sha256:` and 64 hex digits"))?,
+        ),
+        None => None,
+    };
+    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
+    app.approve(caller, &key, expected, &reason)
+        .await
+        .map(Answer)
+        .map_err(act_error)
+}
+
+/// `POST /v1/operations/{key}/deny` by `caller` (an operator): every later delivery replays
+/// the refusal.
+pub async fn deny_answer(
+    app: &App,
+    caller: &Caller,
+    key: &str,
+    request: DenyRequest,
+) -> Result<Answer, ApiError> {
+    let reason = reason_of(request.reason);
+    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
+    app.deny(caller, &key, &reason)
+        .await
+        .map(Answer)
+        .map_err(act_error)
 }

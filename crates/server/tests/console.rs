@@ -500,6 +500,35 @@ async fn approving_from_the_console_performs_one_effect() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.text.contains("Approved by acme-ops"), "{}", r.text);
+    // One answer to "what does a caller get now": the notice says what the panel says.
+    let panel = between(&r.text, "id=\"outcome-label\">", "<");
+    assert_eq!(panel, "replayed", "{}", r.text);
+    let notice = between(&r.text, "id=\"notice\">", "</p>");
+    assert!(
+        notice.contains(&format!("A caller now gets: {panel}")),
+        "the notice {notice:?} and the panel {panel:?} disagree"
+    );
+    // The reason is on the timeline.
+    let timeline = between(&r.text, "id=\"timeline\">", "</ol>");
+    assert!(timeline.contains("reason: legal asked"), "{timeline}");
+    // The contract's owner and runbook, and the version kept on one line.
+    assert!(
+        r.text.contains("id=\"owner\">support-platform-oncall<"),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.text
+            .contains("<a href=\"https://runbooks.example.com/tickets.create\""),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.text
+            .contains("class=\"version\" id=\"tool-version\">version 2026-08-18<"),
+        "{}",
+        r.text
+    );
     assert_eq!(status_of(&e, &key).await, RecordStatus::Applied);
     assert_eq!(e.fakes.fake("tickets.create").effects_for(&key), 1);
     // The same form again (a double click, a reload): the page is stale now; still one effect.
@@ -728,4 +757,142 @@ async fn the_same_origin_check_follows_the_public_url_when_set() {
     .await;
     assert_eq!(r.status, 403, "{}", r.text);
     assert!(r.header("set-cookie").is_none());
+}
+
+/// The text between `start` and the next `end`.
+#[track_caller]
+fn between<'t>(text: &'t str, start: &str, end: &str) -> &'t str {
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("{start:?} not in {text}"))
+        + start.len();
+    let len = text[from..].find(end).expect("the end");
+    &text[from..from + len]
+}
+
+/// A second gateway over the same store that loads no tool: the console of `idemgate serve`
+/// beside an in-process package that wrote the records.
+fn without_tools(e: &Env) -> Router {
+    let state = Gateway::new(e.store.clone(), idemgate_app::ToolSet::default(), tokens())
+        .clock(Arc::new(ManualClock::new(EPOCH)))
+        .environment(ENV)
+        .build();
+    idemgate_server::router(state)
+}
+
+#[tokio::test]
+async fn a_record_of_a_tool_not_loaded_is_resolved_by_hand_in_the_console() {
+    let e = env();
+    let key = seed_unknown(&e, "by-hand").await;
+    assert_eq!(e.fakes.fake("notes.append").effects(), 1);
+    let console = without_tools(&e);
+    let me = sign_in(&console, OPERATOR).await;
+
+    // Listed in the reconciliation queue, and shown with the forms that apply without the tool.
+    let queue = route(&console, get("/console", &me.cookie)).await;
+    assert!(queue.text.contains(key.as_str()), "{}", queue.text);
+    let page = route(&console, get(op_path(key.as_str()), &me.cookie)).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(
+        page.text.contains("id=\"tool-not-loaded\""),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains("resolve-applied-form"), "{}", page.text);
+    assert!(
+        !page.text.contains("lookup-button"),
+        "never looked up: {}",
+        page.text
+    );
+
+    // A lookup posted anyway is refused, and changes nothing.
+    let fence = fence_of(&e, &key).await;
+    let post = |fields: String| {
+        form(op_path(key.as_str()), &format!("csrf={}&{fields}", me.csrf))
+            .header("cookie", me.cookie.clone())
+    };
+    let r = route(
+        &console,
+        post(format!("action=lookup&fence={fence}&status=unknown")),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert!(r.text.contains("resolved by hand"), "{}", r.text);
+    assert_eq!(status_of(&e, &key).await, RecordStatus::Unknown);
+
+    // Resolved applied by hand, with the reason on the timeline.
+    let r = route(
+        &console,
+        post(format!(
+            "action=resolve_applied&reference=note-1&result=%7B%7D&reason=found+in+the+notes&fence={fence}&status=unknown"
+        )),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let notice = between(&r.text, "id=\"notice\">", "</p>");
+    assert!(notice.contains("Resolved applied by acme-ops"), "{notice}");
+    let panel = between(&r.text, "id=\"outcome-label\">", "<");
+    assert_eq!(panel, "replayed");
+    assert!(notice.contains("A caller now gets: replayed"), "{notice}");
+    let timeline = between(&r.text, "id=\"timeline\">", "</ol>");
+    assert!(
+        timeline.contains("reason: found in the notes"),
+        "{timeline}"
+    );
+    assert_eq!(status_of(&e, &key).await, RecordStatus::Applied);
+
+    // The process with the tool replays it on its next delivery: still one effect.
+    let again = route(
+        &e.app,
+        invoke(
+            "notes.append",
+            AGENT,
+            json!({"workflow_id": "by-hand", "step_id": "s1", "arguments": {"text": "<script>alert(1)</script>"}}),
+        ),
+    )
+    .await;
+    assert_eq!(again.outcome(), "replayed", "{}", again.text);
+    assert_eq!(again.json["effect_reference"], "note-1");
+    assert_eq!(e.fakes.fake("notes.append").effects(), 1);
+}
+
+#[tokio::test]
+async fn an_approval_of_a_tool_not_loaded_can_be_denied_but_not_approved_in_the_console() {
+    let e = env();
+    let key = seed_waiting(&e, "deny-by-hand").await;
+    let console = without_tools(&e);
+    let me = sign_in(&console, OPERATOR).await;
+    let page = route(&console, get(op_path(key.as_str()), &me.cookie)).await;
+    assert!(page.text.contains("deny-button"), "{}", page.text);
+    assert!(!page.text.contains("approve-button"), "{}", page.text);
+    let post = |action: &str| {
+        form(
+            op_path(key.as_str()),
+            &format!(
+                "csrf={}&action={action}&reason=not+ours&fence=1&status=awaiting_approval",
+                me.csrf
+            ),
+        )
+        .header("cookie", me.cookie.clone())
+    };
+    let r = route(&console, post("approve")).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(status_of(&e, &key).await, RecordStatus::AwaitingApproval);
+    let r = route(&console, post("deny")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(status_of(&e, &key).await, RecordStatus::FailedPermanent);
+    let timeline = between(&r.text, "id=\"timeline\">", "</ol>");
+    assert!(timeline.contains("reason: not ours"), "{timeline}");
+    // The process with the tool replays the refusal; nothing ran.
+    let again = route(
+        &e.app,
+        invoke(
+            "tickets.create",
+            AGENT,
+            json!({"workflow_id": "deny-by-hand", "step_id": "s", "arguments": {"queue_id": "legal", "subject": "<script>alert(1)</script>", "body": "x"}}),
+        ),
+    )
+    .await;
+    assert_eq!(again.code(), "approval_denied", "{}", again.text);
+    assert_eq!(e.fakes.fake("tickets.create").effects(), 0);
 }

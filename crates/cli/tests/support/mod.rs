@@ -188,7 +188,18 @@ impl Run {
 /// Runs `idemgate ARGS` with `IDEMGATE_GATEWAY` and `IDEMGATE_TOKEN` (unset when `None`),
 /// standard input closed (so never a terminal), within a time limit.
 pub fn idemgate(gateway: Option<&str>, token: Option<&str>, args: &[&str]) -> Run {
+    idemgate_with(gateway, token, &[], args)
+}
+
+/// [`idemgate`] with more variables set.
+pub fn idemgate_with(
+    gateway: Option<&str>,
+    token: Option<&str>,
+    vars: &[(&str, &str)],
+    args: &[&str],
+) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    cmd.envs(vars.iter().copied());
     cmd.args(args)
         .env_remove("IDEMGATE_GATEWAY")
         .env_remove("IDEMGATE_TOKEN")

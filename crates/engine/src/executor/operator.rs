@@ -128,6 +128,7 @@ impl Executor {
             });
         }
         let mut t = transitions::approve(&record, contract, approver, self.at());
+        with_reason(&mut t, reason);
         t.audit = Some(Draft::of(&record, &t, Action::Approved, approver, reason));
         let claim = match self.store.transition(t).await? {
             Cas::Done(r) => Claim::new(r),
@@ -169,6 +170,7 @@ impl Executor {
             .load_for(key, &[RecordStatus::AwaitingApproval], "denied")
             .await?;
         let mut t = transitions::deny(&record, contract, approver, reason, self.at());
+        with_reason(&mut t, reason);
         t.audit = Some(Draft::of(&record, &t, Action::Denied, approver, reason));
         match self.store.transition(t).await? {
             Cas::Done(r) => Ok(machine::status_outcome(Some(contract), &r, self.now())),
@@ -340,6 +342,7 @@ impl Executor {
                 }
             },
         };
+        with_reason(&mut t, reason);
         t.audit = Some(Draft::of(&record, &t, action, actor, reason));
         match self.store.transition(t).await? {
             Cas::Done(r) => {
@@ -416,6 +419,137 @@ impl Executor {
         }
         let outcome = machine::status_outcome(contract, &record, self.now());
         Ok(Some(StatusRead::Found { record, outcome }))
+    }
+}
+
+/// Puts the operator's reason on the timeline: appended to the detail of each event the
+/// action writes (the audit entry carries it too).
+fn with_reason(t: &mut idemgate_core::store::Transition, reason: &str) {
+    for event in &mut t.events {
+        event.detail = Some(match event.detail.take() {
+            Some(detail) => format!("{detail}; reason: {reason}"),
+            None => format!("reason: {reason}"),
+        });
+    }
+}
+
+/// What a record settled by hand is kept for when its tool's contract is not at hand
+/// ([`Executor::resolve_by_hand`], [`Executor::deny_by_hand`]): the record 30 days, its
+/// tombstone a year after that, and a released claim's retry window a day. Long on purpose:
+/// a key is only free to run again once its tombstone is gone, and the contract that would
+/// say how long its retries go on is not here.
+pub const BY_HAND_RETENTION: (u64, u64, u64) = (30 * 86_400, 365 * 86_400, 86_400);
+
+/// The contract an operator's resolution by hand is carried out under, for a record whose
+/// tool is not loaded: the record's own tool and version, [`BY_HAND_RETENTION`], no receipt
+/// lookup, and deduplication on the key assumed — so a claim's missing dispatch marker proves
+/// nothing, and `not_applied` is refused for a claim that may have sent.
+fn stand_in(record: &Record) -> Result<Contract, ActionError> {
+    let (record_ttl, tombstone_ttl, max_retry_window) = BY_HAND_RETENTION;
+    let file = serde_json::json!({
+        "name": "resolved-by-hand",
+        "version": "by-hand",
+        "effect_class": "key_based",
+        "input_schema": {"type": "object"},
+        "request_fingerprint": {"fields": ["*"]},
+        "downstream": {"deduplicates_by_key": true},
+        "retention": {
+            "record_ttl": format!("{record_ttl}s"),
+            "tombstone_ttl": format!("{tombstone_ttl}s"),
+            "max_retry_window": format!("{max_retry_window}s"),
+        },
+    });
+    let file = serde_json::from_value(file)
+        .map_err(|e| store::Error::Corrupt(format!("the stand-in contract: {e}")))?;
+    let mut contract = Contract::from_file(file, "", "(resolved by hand)")
+        .map_err(|e| store::Error::Corrupt(format!("the stand-in contract: {e}")))?;
+    contract.name = record.tool.clone();
+    contract.version = record.tool_version.clone();
+    Ok(contract)
+}
+
+/// The downstream of a tool that is not loaded: an action by hand never reaches it.
+struct Absent;
+
+impl Downstream for Absent {
+    fn perform<'a>(
+        &'a self,
+        _request: idemgate_core::effect::EffectRequest<'a>,
+    ) -> store::BoxFuture<'a, idemgate_core::effect::EffectOutcome> {
+        Box::pin(async {
+            idemgate_core::effect::EffectOutcome::NotSent {
+                reason: "the tool is not loaded here".into(),
+                retry_after: None,
+            }
+        })
+    }
+
+    fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> store::BoxFuture<'a, Lookup> {
+        Box::pin(async { Lookup::Unavailable("the tool is not loaded here".into()) })
+    }
+
+    fn poll_job<'a>(
+        &'a self,
+        _key: &'a OperationKey,
+        _job_id: &'a str,
+    ) -> store::BoxFuture<'a, idemgate_core::effect::JobStatus> {
+        Box::pin(async {
+            idemgate_core::effect::JobStatus::Unavailable("the tool is not loaded here".into())
+        })
+    }
+}
+
+impl Executor {
+    /// An operator's resolution of a record whose tool's contract is not at hand (a tool of
+    /// an in-process package, or one this gateway does not load): `applied` with the
+    /// reference they found, or `not_applied`, under the same rules as
+    /// [`Executor::reconcile`] — refused while a claim's lease is live, and `not_applied`
+    /// refused for a claim that may have sent — with [`BY_HAND_RETENTION`]. Never looked up:
+    /// there is nothing to look it up with. Audited with the actor and `reason`.
+    pub async fn resolve_by_hand(
+        &self,
+        key: &OperationKey,
+        resolution: Resolution,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Outcome, ActionError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
+        let contract = stand_in(&record)?;
+        self.reconcile(&contract, key, Some(resolution), actor, reason, &Absent)
+            .await?;
+        self.outcome_now(key).await
+    }
+
+    /// An operator's denial of an approval whose tool's contract is not at hand: as
+    /// [`Executor::deny`], with [`BY_HAND_RETENTION`].
+    pub async fn deny_by_hand(
+        &self,
+        key: &OperationKey,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Outcome, ActionError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
+        let contract = stand_in(&record)?;
+        self.deny(&contract, key, actor, reason).await?;
+        self.outcome_now(key).await
+    }
+
+    /// What a caller gets now for `key`, read without a contract.
+    async fn outcome_now(&self, key: &OperationKey) -> Result<Outcome, ActionError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ActionError::NotFound(key.clone()))?;
+        Ok(machine::status_outcome(None, &record, self.now()))
     }
 }
 

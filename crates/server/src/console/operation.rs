@@ -4,8 +4,14 @@
 //! the receipt, the evidence, the outcome a caller gets now, and the forms its state allows:
 //! approve or deny (awaiting approval); look the receipt up now, resolve `applied` with a
 //! reference and result, resolve `not_applied` after a confirmation step (unknown or pending).
-//! Each action goes through the executor's operator methods, as API v1's do, with the signed-in
-//! token's holder as actor.
+//! Each action goes through the app's operator methods, as API v1's do, with the signed-in
+//! token's holder as actor. A record whose tool this gateway does not load (written by an
+//! in-process `idemgate.Local`, say) is resolved by hand — `applied` with a reference,
+//! `not_applied`, or denied — never looked up or approved.
+//!
+//! After an action the notice says what was done and, from the same read as the "What a
+//! caller gets now" panel, what a caller gets now: the two never disagree. The operator's
+//! reason is on the timeline (in the detail of the event the action wrote).
 //!
 //! Reading the page rechecks the operator with the tool's authorization hook, as API v1's
 //! `GET /v1/operations/{key}` does: an operator it refuses (or a hook that cannot answer)
@@ -28,7 +34,7 @@ use idemgate_core::json;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{NextAction, Outcome, Status};
 use idemgate_core::record::{Record, RecordState};
-use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
+use idemgate_engine::{Caller, Resolution, StatusRead};
 use serde::Deserialize;
 
 use super::session::{check_post, session_of, to_sign_in};
@@ -37,7 +43,7 @@ use super::{html, message};
 use crate::api::Segment;
 use crate::auth::Session;
 use crate::state::AppState;
-use idemgate_app::Tool;
+use idemgate_app::ActError;
 
 /// What stands in for a stored value the authorization recheck refused this operator.
 const HIDDEN: &str = "(hidden: the authorization recheck refused this read)";
@@ -70,13 +76,16 @@ struct Now {
 pub(crate) struct Notice {
     pub ok: bool,
     pub text: String,
+    /// Followed by what a caller gets now, as the page's panel reads it.
+    pub caller_gets: bool,
 }
 
 /// Which forms the record's state allows.
 #[derive(Default)]
 struct Actions {
-    /// Approve and deny share one form.
+    /// Approve and deny share one form; approving needs the tool loaded.
     approve: bool,
+    deny: bool,
     lookup: bool,
     resolve: bool,
     /// A released claim: no action, the next delivery runs it.
@@ -97,6 +106,9 @@ struct Page {
     tool: String,
     tool_version: String,
     tool_loaded: bool,
+    /// The contract's owner of the unknown-outcome queue and its runbook, when loaded.
+    owner: Option<String>,
+    runbook: Option<Runbook>,
     fingerprint: String,
     actor: String,
     approved_by: Option<String>,
@@ -119,6 +131,12 @@ struct Page {
     confirm_not_applied: Option<String>,
     /// What the operator typed, kept when a form is refused.
     draft: Draft,
+}
+
+/// A runbook as the page shows it: a link only for an http(s) URL.
+struct Runbook {
+    text: String,
+    link: bool,
 }
 
 #[derive(Default, Clone)]
@@ -195,10 +213,9 @@ fn describe(outcome: &Outcome) -> Now {
     }
 }
 
-/// One sentence for the notice after an action.
-fn sentence(action: &str, actor: &str, outcome: &Outcome) -> String {
-    let now = describe(outcome);
-    let mut text = format!("{action} by {actor}. A caller now gets: {}", now.label);
+/// What a caller gets now, in one sentence: the same read the page's panel shows.
+fn caller_gets(now: &Now) -> String {
+    let mut text = format!("A caller now gets: {}", now.label);
     if let Some(reference) = &now.reference {
         text.push_str(&format!(", reference {reference}"));
     }
@@ -232,7 +249,7 @@ async fn render(
     session: &Session,
     key: &OperationKey,
     status: StatusCode,
-    notice: Option<Notice>,
+    mut notice: Option<Notice>,
     confirm_not_applied: Option<String>,
     draft: Draft,
 ) -> Response {
@@ -328,10 +345,12 @@ async fn render(
         RecordState::Unknown(_) => (None, None, None),
     };
     let lookup = tool.as_ref().is_some_and(|t| t.contract.receipt_lookup());
+    // Without its tool, an operation is resolved by hand or denied: never looked up or
+    // approved (neither the effect nor its lookup is here).
     let actions = match (&record.state, tool.is_some()) {
-        (_, false) => Actions::default(),
-        (RecordState::AwaitingApproval { .. }, true) => Actions {
-            approve: true,
+        (RecordState::AwaitingApproval { .. }, loaded) => Actions {
+            approve: loaded,
+            deny: true,
             ..Actions::default()
         },
         // Released (an operator's `not_applied`, or a claim whose send was refused before it
@@ -341,18 +360,34 @@ async fn render(
                 lease: idemgate_core::record::Lease { owner: None, .. },
                 dispatch: idemgate_core::record::Dispatch::NotSent,
             },
-            true,
+            _,
         ) => Actions {
             released: true,
             ..Actions::default()
         },
-        (RecordState::Unknown(_) | RecordState::Pending { .. }, true) => Actions {
+        (RecordState::Unknown(_) | RecordState::Pending { .. }, _) => Actions {
             lookup,
             resolve: true,
             ..Actions::default()
         },
-        (_, true) => Actions::default(),
+        (_, _) => Actions::default(),
     };
+    let now_gets = describe(&outcome);
+    if let Some(notice) = notice.as_mut()
+        && notice.caller_gets
+    {
+        notice.text = format!("{} {}", notice.text, caller_gets(&now_gets));
+    }
+    let owner = tool
+        .as_ref()
+        .and_then(|t| t.contract.file.owner.reconciliation.clone());
+    let runbook = tool
+        .as_ref()
+        .and_then(|t| t.contract.file.owner.runbook.clone())
+        .map(|text| Runbook {
+            link: text.starts_with("https://") || text.starts_with("http://"),
+            text,
+        });
     let page = Page {
         who: Some(Who {
             tenant: session.principal.tenant.clone(),
@@ -368,6 +403,8 @@ async fn render(
         tool: record.tool.clone(),
         tool_version: record.tool_version.clone(),
         tool_loaded: tool.is_some(),
+        owner,
+        runbook,
         fingerprint: record.fingerprint.as_str().to_string(),
         actor: record.actor.clone(),
         approved_by: record.approved_by.clone(),
@@ -381,7 +418,7 @@ async fn render(
         hidden,
         receipt,
         refusal,
-        now: describe(&outcome),
+        now: now_gets,
         evidence: view::evidence(&record, &events),
         timeline: events
             .into_iter()
@@ -491,7 +528,11 @@ pub async fn act(
                 session,
                 key,
                 status,
-                Some(Notice { ok: false, text }),
+                Some(Notice {
+                    ok: false,
+                    text,
+                    caller_gets: false,
+                }),
                 None,
                 draft,
             )
@@ -527,16 +568,6 @@ pub async fn act(
         )
         .await;
     }
-    let Some(tool) = &state.tools().get(&record.tool) else {
-        return refuse(
-            StatusCode::CONFLICT,
-            format!(
-                "The tool {} of this operation is not loaded by this gateway; nothing was done.",
-                record.tool
-            ),
-        )
-        .await;
-    };
     let action = form.action.as_deref().unwrap_or("");
     let reason = form.reason.as_deref().unwrap_or("").trim();
     let reason: String = reason.chars().take(MAX_REASON).collect();
@@ -558,24 +589,15 @@ pub async fn act(
         reason
     };
     let actor = session.principal.name.clone();
+    let caller = caller_of(&session);
     let answer = match action {
-        "approve" => {
-            approve(
-                &state,
-                tool,
-                &key,
-                &actor,
-                &reason,
-                form.fingerprint.as_deref(),
-            )
-            .await
-        }
+        "approve" => approve(&state, &caller, &key, &reason, form.fingerprint.as_deref()).await,
         "deny" => state
-            .executor()
-            .deny(&tool.contract, &key, &actor, &reason)
+            .app()
+            .deny(&caller, &key, &reason)
             .await
-            .map_err(|e| e.to_string()),
-        "lookup" => reconcile(&state, tool, &key, None, &actor, &reason).await,
+            .map_err(|e| act_error(&e)),
+        "lookup" => reconcile(&state, &caller, &key, None, &reason).await,
         "resolve_applied" => {
             let reference = form.reference.as_deref().unwrap_or("").trim();
             if reference.is_empty() {
@@ -599,7 +621,7 @@ pub async fn act(
                 reference: reference.to_string(),
                 result,
             };
-            reconcile(&state, tool, &key, Some(resolution), &actor, &reason).await
+            reconcile(&state, &caller, &key, Some(resolution), &reason).await
         }
         "resolve_not_applied" => {
             if form.confirm.as_deref() != Some("yes") {
@@ -615,15 +637,7 @@ pub async fn act(
                 )
                 .await;
             }
-            reconcile(
-                &state,
-                tool,
-                &key,
-                Some(Resolution::NotApplied),
-                &actor,
-                &reason,
-            )
-            .await
+            reconcile(&state, &caller, &key, Some(Resolution::NotApplied), &reason).await
         }
         other => {
             return refuse(
@@ -646,7 +660,7 @@ pub async fn act(
         "console operator action"
     );
     match answer {
-        Ok(outcome) => {
+        Ok(_) => {
             let done = match action {
                 "approve" => "Approved",
                 "deny" => "Denied",
@@ -654,13 +668,18 @@ pub async fn act(
                 "resolve_applied" => "Resolved applied",
                 _ => "Resolved not applied",
             };
-            let text = sentence(done, &actor, &outcome);
+            // What a caller gets now comes from the page's own read, below.
+            let text = format!("{done} by {actor}.");
             render(
                 &state,
                 &session,
                 &key,
                 StatusCode::OK,
-                Some(Notice { ok: true, text }),
+                Some(Notice {
+                    ok: true,
+                    text,
+                    caller_gets: true,
+                }),
                 None,
                 Draft::default(),
             )
@@ -686,9 +705,8 @@ fn parse_result(state: &AppState, text: &str) -> Result<serde_json::Value, Strin
 
 async fn approve(
     state: &AppState,
-    tool: &Tool,
+    caller: &Caller,
     key: &OperationKey,
-    actor: &str,
     reason: &str,
     fingerprint: Option<&str>,
 ) -> Result<Outcome, String> {
@@ -700,41 +718,32 @@ async fn approve(
     };
     // Detached, as API v1's approve: the approved effect does not depend on this connection.
     state
-        .executor()
-        .approve_detached(
-            tool.contract.clone(),
-            key.clone(),
-            actor.to_string(),
-            reason.to_string(),
-            expected,
-            tool.downstream.clone(),
-        )
+        .app()
+        .approve(caller, key, expected, reason)
         .await
-        .map_err(|e| action_error(&e))
+        .map_err(|e| act_error(&e))
 }
 
 async fn reconcile(
     state: &AppState,
-    tool: &Tool,
+    caller: &Caller,
     key: &OperationKey,
     resolution: Option<Resolution>,
-    actor: &str,
     reason: &str,
 ) -> Result<Outcome, String> {
     state
-        .executor()
-        .reconcile(
-            &tool.contract,
-            key,
-            resolution,
-            actor,
-            reason,
-            tool.downstream.as_ref(),
-        )
+        .app()
+        .reconcile(caller, key, resolution, reason)
         .await
-        .map_err(|e| action_error(&e))
+        .map_err(|e| act_error(&e))
 }
 
-fn action_error(e: &ActionError) -> String {
-    e.to_string()
+fn act_error(e: &ActError) -> String {
+    match e {
+        ActError::NotServed { tool, .. } => format!(
+            "the tool {tool} of this operation is not loaded by this gateway, so it can only \
+             be resolved by hand (applied with a reference, or not applied) or denied"
+        ),
+        other => other.to_string(),
+    }
 }

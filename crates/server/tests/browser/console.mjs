@@ -3,6 +3,10 @@
 // see it leave the queue and the next delivery replay; approve a waiting operation and count
 // exactly one effect at the fake system of record; refuse an agent token, a stale page and
 // forged cross-site forms with nothing changed; end a session by removing its token (SIGHUP).
+// The page's polish: every action's reason on the timeline, one "what a caller gets now" in the
+// notice and the panel, the contract's owner and runbook, a version that never wraps. And a
+// second gateway over the same store without a record's tool (as beside an in-process
+// `idemgate.Local`): the record is resolved there by hand, never looked up.
 // Every page is screenshotted into IDEMGATE_CONSOLE_SHOTS (default
 // $HOME/.cache/idemgate-console-shots), printed at the start.
 //
@@ -30,11 +34,29 @@ console.log(`screenshots: ${SHOTS}`);
 
 const sha256 = (text) => createHash('sha256').update(text).digest('hex');
 
-/** A gateway over `fakeUrl` with an agent and an operator token; its config can be rewritten. */
-async function startGateway(fakeUrl) {
+/**
+ * The tests' contracts; tickets.create with a dated version and an owner with a runbook (the
+ * operation page shows both).
+ */
+function consoleContracts(fakeUrl) {
+  const all = contracts(fakeUrl);
+  all['tickets.create.yaml'] =
+    all['tickets.create.yaml'].replace('version: "1"', 'version: "2026-12-01"') +
+    'owner:\n  reconciliation: legal-oncall\n  runbook: https://runbooks.example.com/tickets.create\n';
+  return all;
+}
+
+/**
+ * A gateway over `fakeUrl` with an agent and an operator token; its config can be rewritten.
+ * `store` names another gateway's SQLite file to share; `omit` leaves contracts out.
+ */
+async function startGateway(fakeUrl, { store, omit = [] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'idemgate-console-'));
   mkdirSync(join(dir, 'contracts'));
-  for (const [file, text] of Object.entries(contracts(fakeUrl))) writeFileSync(join(dir, 'contracts', file), text);
+  for (const [file, text] of Object.entries(consoleContracts(fakeUrl))) {
+    if (!omit.includes(file)) writeFileSync(join(dir, 'contracts', file), text);
+  }
+  const storePath = store ?? join(dir, 'gate.sqlite');
   const tokens = {
     agent: `idg_test_agent_${randomBytes(12).toString('hex')}`,
     operator: `idg_test_operator_${randomBytes(12).toString('hex')}`,
@@ -45,7 +67,7 @@ async function startGateway(fakeUrl) {
       config,
       `listen = "127.0.0.1:0"
 environment = "ci"
-store = "sqlite://${join(dir, 'gate.sqlite')}"
+store = "sqlite://${storePath}"
 contracts = ["${join(dir, 'contracts')}/*.yaml"]
 sandbox = false
 
@@ -71,6 +93,7 @@ ${roles
   return {
     url,
     tokens,
+    storePath,
     output: () => output,
     /** Rewrites the config with only `roles`' tokens and sends SIGHUP; waits for the reload. */
     async reload(roles) {
@@ -93,6 +116,7 @@ ${roles
 
 const fake = await new FakeSystem().start();
 const gate = await startGateway(fake.url);
+let bare = null;
 const attacker = http.createServer();
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium', headless: true, args: ['--no-sandbox'] });
 let shot = 0;
@@ -212,7 +236,9 @@ try {
   // Resolved applied with the reference the fake holds.
   await page.fill('#applied-reason', 'found letter in the outbox');
   await page.click('#resolve-applied-button');
-  assert.match(await page.textContent('#notice'), /Resolved applied by operator-1/);
+  assert.match(await page.textContent('#notice'), /Resolved applied by operator-1\. A caller now gets: replayed/);
+  assert.equal(await page.textContent('#outcome-label'), 'replayed');
+  assert.match(await page.textContent('#timeline'), /by operator-1; reason: found letter in the outbox/);
   assert.equal(await page.textContent('#record-status'), 'applied');
   assert.equal(await page.textContent('#receipt-reference'), letterRef);
   await snap(page, 'resolved-applied');
@@ -243,11 +269,25 @@ try {
   await snap(page, 'queue-approval');
   await Promise.all([page.waitForURL(/\/console\/operations\//), page.locator(`tr[data-key=\"${ticketKey}\"]`).locator('a').click()]);
   assert.equal(await page.textContent('#record-status'), 'awaiting_approval');
+  // The contract's owner and runbook link, and the dated version on one line.
+  assert.equal(await page.textContent('#owner'), 'legal-oncall');
+  assert.equal(await page.getAttribute('#runbook a', 'href'), 'https://runbooks.example.com/tickets.create');
+  assert.equal(await page.textContent('#tool-version'), 'version 2026-12-01');
   await snap(page, 'operation-awaiting-approval');
   await page.fill('#approve-reason', 'legal asked for it');
   await page.click('#approve-button');
-  assert.match(await page.textContent('#notice'), /Approved by operator-1\. A caller now gets: applied/);
+  // One answer to "what does a caller get now": the notice says what the panel says.
+  const panel = await page.textContent('#outcome-label');
+  assert.equal(panel, 'replayed', 'after an approval a caller gets the replay');
+  assert.match(await page.textContent('#notice'), new RegExp(`Approved by operator-1\\. A caller now gets: ${panel}[,;]`));
+  // The reason is on the timeline.
+  assert.match(await page.textContent('#timeline'), /reason: legal asked for it/);
   await snap(page, 'approved');
+  // A narrow window: the version still does not wrap (one line box, however tight).
+  await page.setViewportSize({ width: 380, height: 900 });
+  assert.equal(await page.evaluate(() => document.getElementById('tool-version').getClientRects().length), 1, 'the version never wraps');
+  await snap(page, 'approved-narrow');
+  await page.setViewportSize({ width: 1280, height: 900 });
   assert.equal(fake.effectsFor(ticketKey), 1, 'one effect at the downstream after approval');
 
   // --- A stale page: the second ticket is denied elsewhere, then approved from the old page.
@@ -321,6 +361,40 @@ try {
   assert.equal(await page.locator('#resolve-applied-button').count(), 0, 'a released claim offers no action');
   await snap(page, 'resolved-not-applied');
 
+  // --- A second gateway over the same store without letters.send (as the console beside an
+  // in-process idemgate.Local): the record is resolved by hand there, never looked up.
+  fake.fault('letters', 'drop');
+  const handArgs = { to: 'D. Customer', text: 'Your parcel is late.' };
+  assert.equal((await invoke('letters.send', 'wf-console', 'hand', handArgs)).body.outcome, 'unknown');
+  const handKey = key('wf-console', 'hand');
+  const handRef = fake.committed.find((c) => c.key === handKey)?.reference;
+  assert.ok(handRef, 'the fake committed the letter');
+  bare = await startGateway(fake.url, { store: gate.storePath, omit: ['letters.send.yaml'] });
+  const bareContext = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  bareContext.setDefaultTimeout(10_000);
+  const barePage = await bareContext.newPage();
+  await barePage.goto(`${bare.url}/console/sign-in`);
+  await barePage.fill('#token', bare.tokens.operator);
+  await Promise.all([barePage.waitForURL(`${bare.url}/console`), barePage.click('button[type=submit]')]);
+  await barePage.locator(`tr[data-key=\"${handKey}\"]`).waitFor();
+  await barePage.goto(`${bare.url}/console/operations/${encodeURIComponent(handKey)}`);
+  assert.match(await barePage.textContent('#tool-not-loaded'), /resolve it by hand/);
+  assert.equal(await barePage.locator('#lookup-button').count(), 0, 'never looked up');
+  await snap(barePage, 'by-hand-unknown');
+  await barePage.fill('#reference', handRef);
+  await barePage.fill('#applied-reason', 'seen in the letters outbox');
+  await barePage.click('#resolve-applied-button');
+  assert.match(await barePage.textContent('#notice'), /Resolved applied by operator-1\. A caller now gets: replayed/);
+  assert.equal(await barePage.textContent('#outcome-label'), 'replayed');
+  assert.match(await barePage.textContent('#timeline'), /reason: seen in the letters outbox/);
+  await snap(barePage, 'by-hand-resolved');
+  await bareContext.close();
+  // The gateway with the tool replays it: one effect.
+  const handAgain = await invoke('letters.send', 'wf-console', 'hand', handArgs);
+  assert.equal(handAgain.body.outcome, 'replayed', JSON.stringify(handAgain.body));
+  assert.equal(handAgain.body.effect_reference, handRef);
+  assert.equal(fake.effectsFor(handKey), 1);
+
   // --- Sign out, then sign in again and lose the session to a SIGHUP that drops the token.
   await page.goto(`${gate.url}/console`);
   await Promise.all([page.waitForURL(/sign-in/), page.click('header button')]);
@@ -347,6 +421,7 @@ try {
   clearTimeout(watchdog);
   await browser.close().catch(() => {});
   attacker.close();
+  if (bare) await bare.stop();
   await gate.stop();
   await fake.stop();
 }
