@@ -190,9 +190,9 @@ pub fn treatment(tool: &Map<String, Value>, contract: &Contract, read: bool) -> 
             let why = if class == EffectClass::Irreversible {
                 "destructiveHint: each operation waits for an operator's approval"
             } else if annotations.read_only == Some(false) {
-                "readOnlyHint: false; no approval"
+                "readOnlyHint: false"
             } else {
-                "not marked readOnlyHint, so a repeat within the window replays even if it only reads (mark reads with --reads); no approval"
+                "no readOnlyHint: a repeat within the window replays, even of a read; mark reads with --reads"
             };
             match key_argument(tool) {
                 Some(argument) if contract.deduplicates() => format!(
@@ -335,6 +335,9 @@ mod tests {
         assert_eq!(contract.effect_class, EffectClass::Read);
         let t = tool(json!({}));
         let keyed = default_contract(&t, 30, false).unwrap();
-        assert!(treatment(&t, &keyed, false).contains("not marked readOnlyHint"));
+        assert!(
+            treatment(&t, &keyed, false)
+                .contains("no readOnlyHint: a repeat within the window replays")
+        );
     }
 }

@@ -480,4 +480,63 @@ mod tests {
                 .contains("replays this answer")
         );
     }
+
+    fn contract(class: &str, deduplicates: bool) -> Contract {
+        let text = format!(
+            "name: pay\nversion: \"1\"\neffect_class: {class}\noperation_key:\n  supplied_by: application\n  scope: [tenant, workflow_id]\ninput_schema:\n  type: object\nrequest_fingerprint:\n  fields: [\"*\"]\ndownstream:\n  deduplicates_by_key: {deduplicates}\nretention:\n  record_ttl: 1d\n  tombstone_ttl: 1d\n  max_retry_window: 1d\n"
+        );
+        Contract::load(&text, "pay.yaml").unwrap()
+    }
+
+    #[test]
+    fn a_filled_key_argument_leaves_the_schema_and_is_named_for_the_model() {
+        let tool = map(json!({
+            "name": "pay",
+            "description": "Pays. Make a new idempotency_key for every request.",
+            "inputSchema": {"type": "object",
+                "properties": {"amount": {"type": "integer"}, "idempotency_key": {"type": "string"}},
+                "required": ["amount", "idempotency_key"]},
+        }));
+        let out = listed(&tool, &contract("key_based", true), Some("idempotency_key"));
+        assert_eq!(
+            out["inputSchema"],
+            json!({"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]})
+        );
+        let description = out["description"].as_str().unwrap();
+        assert!(description.starts_with("Pays."), "{description}");
+        assert!(
+            description.contains("idemgate fills `idempotency_key` with the operation's key"),
+            "{description}"
+        );
+        assert!(description.contains("treats this tool as one that changes something"));
+        assert_eq!(
+            out["_meta"][CONTRACT_META][KEY_ARGUMENT],
+            json!("idempotency_key")
+        );
+        let listing = Listing::new(vec![out]);
+        assert_eq!(
+            listing.key_argument("pay").as_deref(),
+            Some("idempotency_key")
+        );
+        assert_eq!(listing.key_argument("other"), None);
+        // Without a filled argument, the schema is the child's and nothing is said about it.
+        let plain = listed(&tool, &contract("key_based", false), None);
+        assert_eq!(plain["inputSchema"], tool["inputSchema"]);
+        assert!(
+            !plain["description"]
+                .as_str()
+                .unwrap()
+                .contains("idemgate fills")
+        );
+        // A tool its server marks (read-only: false) is not told it lacks the hint.
+        let mut marked = tool.clone();
+        marked.insert("annotations".into(), json!({"readOnlyHint": false}));
+        let marked = listed(&marked, &contract("key_based", false), None);
+        assert!(
+            !marked["description"]
+                .as_str()
+                .unwrap()
+                .contains("treats this tool")
+        );
+    }
 }

@@ -889,7 +889,7 @@ def test_wrap_list_prints_how_each_tool_is_treated_and_serves_nothing(world: Wor
     assert done.returncode == 0, done
     rows = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
     assert done.stdout.splitlines()[0].endswith(": 8 tools"), done.stdout
-    assert "key_based: one effect per operation, a lost answer ends unknown (not marked readOnlyHint" \
+    assert "key_based: one effect per operation, a lost answer ends unknown (no readOnlyHint" \
         in rows["create_ticket"], done.stdout
     assert "read (--reads)" in rows["lookup_payment"], done.stdout
     assert "read (--reads)" in rows["get_ticket"], done.stdout
