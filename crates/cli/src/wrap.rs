@@ -8,6 +8,12 @@
 //! (sampling, elicitation, roots) come back through the relay; when the child says its tool
 //! list changed, the list is read again and served anew ([`Refresh`]).
 //!
+//! Each tool runs under the contract file that names it, else under defaults from its
+//! annotations ([`idemgate_downstream_mcp::defaults`]): `--reads` marks reads the child did not
+//! annotate, and a tool whose schema takes an idempotency key gets it filled with the
+//! operation key (hidden from the model) and is resent under it after a lost answer.
+//! `--list` prints how each tool is treated and exits before anything is served.
+//!
 //! Settings come from flags, then the configuration file (`--config`, TOML, keys below), then
 //! defaults. Relative paths in the file are read from the file's directory.
 //!
