@@ -903,3 +903,29 @@ def test_wrap_list_prints_how_each_tool_is_treated_and_serves_nothing(world: Wor
                     start_timeout="20s")
     assert done.returncode == 2, done
     assert "--reads names `lookup`" in done.stderr and "lookup_payment" in done.stderr, done.stderr
+
+
+async def test_a_hyphenated_idempotency_key_header_argument_is_filled_and_a_garbled_answer_resent(
+        world: World):
+    keyed = HERE / "keyed_child.py"
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["wrap", "--store", f"sqlite://{world.store}", "--call-timeout", "5s", "--",
+              PYTHON, str(keyed), "--effects", str(world.effects_file)],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    Path(f"{world.effects_file}.garble").write_text("")
+    step = meta("refund")
+    async with Client(params) as client:
+        tool = {t.name: t for t in (await client.list_tools()).tools}["refund"]
+        assert "Idempotency-Key" not in tool.input_schema["properties"], tool.input_schema
+        assert tool.input_schema["required"] == ["payment_id", "amount"], tool.input_schema
+        first = await client.call_tool("refund", {"payment_id": "pay_9", "amount": 300}, meta=step)
+        # The child committed, then answered garbage: resent under the same key, it answers
+        # what it did.
+        assert first.structured_content["status"] in ("applied", "replayed"), first.structured_content
+        assert first.content[0].text == "refund R-1 of 300 on pay_9"
+        again = await client.call_tool("refund", {"payment_id": "pay_9", "amount": 300}, meta=step)
+        assert again.structured_content["status"] == "replayed", again.structured_content
+    assert len(world.effects("refund")) == 1
+    assert ledger_keys(world) == [first.structured_content["operation_key"]]
+    assert not Path(f"{world.effects_file}.garble").exists()
