@@ -220,6 +220,8 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         (Some(url), _, _) => url.clone(),
         (None, Some(url), Some(base)) => store_beside(base, url),
         (None, _, Some(base)) => format!("sqlite://{}", beside(base, "idemgate-wrap.sqlite")),
+        // `--list` opens no store: nothing is made in the data directory either.
+        (None, _, None) if args.list => String::new(),
         (None, _, None) => default_store(&args.command)?,
     };
     let contracts = if !args.contracts.is_empty() {
@@ -647,7 +649,8 @@ fn print_list(
     }
     let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{child}: {} tools", rows.len())?;
+    let noun = if rows.len() == 1 { "tool" } else { "tools" };
+    writeln!(out, "{child}: {} {noun}", rows.len())?;
     for (name, how) in rows {
         writeln!(out, "  {name:width$}  {how}")?;
     }
