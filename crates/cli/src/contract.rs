@@ -1,12 +1,13 @@
 //! `idemgate contract new`, `idemgate contract lint` and `idemgate contract fingerprint`.
 //!
-//! `new` drafts a contract for one effect class, every field commented with what it means and
-//! what to change, that lints clean. `lint` is the seed's review worksheet run over contract
-//! files: every field the reader could not take as written (the rest of the draft is still
-//! reviewed), every red flag the core's linter raises, a refusal by the loader and the HTTP
-//! downstream (what `serve` would say when it loads the file), and, to end each file, the
-//! seed's decision — `automate`, `automate with approval` or `keep manual until reconciliation
-//! exists` — with its reason. `fingerprint` shows exactly what the executor would fingerprint
+//! `new` drafts a contract for one effect class, shaped by what the tool's name says it acts on
+//! ([`draft`]), every field commented with what it means and what to change, every value to
+//! replace marked `CHANGE-ME`. `lint` reviews contract files: every field the reader could not
+//! take as written (the rest of the draft is still reviewed), every placeholder left in place,
+//! every red flag the core's linter raises, a refusal by the loader and the HTTP downstream
+//! (what `serve` would say when it loads the file) unless a red flag already says it, and, to
+//! end each file, the decision — `automate`, `automate with approval`, `keep manual until
+//! reconciliation exists`, `fix the contract first` or `not reviewed` — with its reason. `fingerprint` shows exactly what the executor would fingerprint
 //! for a set of arguments, so that a contract author can check defaults and normalisations
 //! before deploying a version.
 //!
@@ -25,9 +26,13 @@ use idemgate_core::lint::{self, Level};
 use idemgate_core::{CANONICALIZATION_VERSION, Fingerprint, json};
 use serde::Serialize;
 
+mod draft;
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Draft a contract for one effect class: every field commented, lint-clean.
+    /// Draft a contract for one effect class, shaped by what the name says the tool acts on
+    /// (a refund, a message, a ticket…): every field commented, every value to replace marked
+    /// CHANGE-ME (lint reports each one left in place).
     New {
         /// The tool's name (A-Z, a-z, 0-9, `.`, `_`, `-`), e.g. `tickets.create`.
         #[arg(value_name = "NAME")]
@@ -39,8 +44,9 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
-    /// Review contract files for unsafe retry designs, each ending with the seed's decision.
-    /// Exits 1 if any error is found.
+    /// Review contract files for unsafe retry designs and mistakes, each file ending with a
+    /// decision: automate, automate with approval, keep manual until reconciliation exists,
+    /// fix the contract first, or not reviewed. Exits 1 if any error is found.
     Lint {
         /// Contract files (YAML).
         #[arg(required = true, value_name = "FILE")]
@@ -72,9 +78,17 @@ pub enum Format {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum Class {
+    /// No effect: a read.
     Read,
+    /// An absolute update (`set X to V`) with a version precondition.
     NaturalIdempotent,
+    /// A create or command; the downstream deduplicates on the key and offers a receipt lookup.
     KeyBased,
+    /// key_based, with a downstream that deduplicates on the key and offers nothing else.
+    Deduplicating,
+    /// key_based, with a downstream that answers with a job polled until it ends.
+    Job,
+    /// key_based, cannot be undone: an operator approves every operation.
     Irreversible,
     /// Refused: a repeat would repeat the effect.
     NonIdempotent,
@@ -175,6 +189,7 @@ fn findings_of(path: &Path, file: &str) -> (Vec<Reported>, Option<ContractFile>)
         .map(|e| Reported::from_load_error("parse", e))
         .collect();
     let parsed = draft.file;
+    out.extend(placeholders(&text, file));
     out.extend(lint::lint(&parsed).into_iter().map(|f| Reported {
         file: file.to_string(),
         line: line_of(&text, &f.field),
@@ -184,7 +199,16 @@ fn findings_of(path: &Path, file: &str) -> (Vec<Reported>, Option<ContractFile>)
         reason: f.reason,
     }));
     match Contract::from_file(parsed.clone(), &text, file) {
-        Err(e) => out.push(Reported::from_load_error("load", e)),
+        Err(e) => {
+            // The loader stops at its first refusal; when a red flag above already says the
+            // same thing about the same field, the finding is not reported twice.
+            let repeated = REPEATS.iter().any(|(rule, field)| {
+                e.field.as_deref() == Some(*field) && out.iter().any(|f| f.rule == *rule)
+            });
+            if !repeated {
+                out.push(Reported::from_load_error("load", e));
+            }
+        }
         Ok(contract) => {
             if let Some(refusal) = http_refusal(&contract) {
                 // The refusal reads "<tool>: field `<field>`: <reason>".
@@ -209,6 +233,82 @@ fn findings_of(path: &Path, file: &str) -> (Vec<Reported>, Option<ContractFile>)
     // Errors first, as the linter orders its own findings.
     out.sort_by_key(|f| std::cmp::Reverse(f.level));
     (out, Some(parsed))
+}
+
+/// Loader refusals that repeat one of the linter's red flags: the rule, and the field the
+/// loader names for the same fault.
+const REPEATS: &[(&str, &str)] = &[
+    ("no-version", "version"),
+    ("non-idempotent-exposed", "effect_class"),
+    ("no-retention", "retention"),
+    (
+        "retention-shorter-than-retry-window",
+        "retention.max_retry_window",
+    ),
+    ("no-material-fields", "request_fingerprint.fields"),
+];
+
+/// Every value still marked [`draft::PLACEHOLDER`] (in any case, outside comments): one error
+/// per line, naming the field it is written in.
+fn placeholders(text: &str, file: &str) -> Vec<Reported> {
+    let mark = draft::PLACEHOLDER.to_ascii_lowercase();
+    let mut out = Vec::new();
+    // The keys of the mappings the current line is inside, with their indentation.
+    let mut path: Vec<(usize, String)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let content = match line.find(" #") {
+            Some(at) => &line[..at],
+            None => line,
+        };
+        let t = content.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let indent = content.len() - t.len();
+        let item = t.strip_prefix("- ");
+        let key = item.unwrap_or(t).split_once(':').and_then(|(k, rest)| {
+            let k = k.trim();
+            let plain = !k.is_empty() && !k.contains(' ') && !k.starts_with(['"', '\'', '{', '[']);
+            (plain && (rest.is_empty() || rest.starts_with(' '))).then_some(k)
+        });
+        while path.last().is_some_and(|(at, _)| *at >= indent) {
+            path.pop();
+        }
+        let mut field: Vec<&str> = path.iter().map(|(_, k)| k.as_str()).collect();
+        if let Some(key) = key {
+            field.push(key);
+        }
+        let field = field.join(".");
+        if let Some(key) = key.filter(|_| item.is_none()) {
+            path.push((indent, key.to_string()));
+        }
+        if !t.to_ascii_lowercase().contains(&mark) {
+            continue;
+        }
+        let what = if field.ends_with("url") {
+            "the downstream's real address"
+        } else if field.ends_with("reconciliation") {
+            "the team that works this tool's unknown outcomes"
+        } else if field == "purpose" {
+            "one sentence on which business effect happens, in which system"
+        } else if field.starts_with("input_schema") || field.starts_with("request_fingerprint") {
+            "the tool's own arguments"
+        } else {
+            "the tool's own value"
+        };
+        out.push(Reported {
+            file: file.to_string(),
+            line: Some(i + 1),
+            level: Level::Error,
+            rule: "placeholder".into(),
+            field,
+            reason: format!(
+                "`{}` is a placeholder left from the draft: replace it with {what}",
+                draft::PLACEHOLDER
+            ),
+        });
+    }
+    out
 }
 
 /// What `serve` would refuse in the contract's HTTP sections (the effect's request, the receipt
@@ -318,321 +418,19 @@ fn plural(n: usize, noun: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // new
 
-/// The header every draft starts with.
-const HEADER: &str = "\
-# {name}: a {class} tool contract, drafted by `idemgate contract new`.
-#
-# Every field is a decision for the tool's owner: each comment says what the field means and
-# what to change. The example arguments, URLs and owner are placeholders for yours. Review it
-# with `idemgate contract lint {file}`, and see what a request's fingerprint would be
-# with `idemgate contract fingerprint {file} --args '<the arguments as JSON>'`.
-
-";
-
-/// The fields every class writes first.
-const IDENTITY: &str = "\
-# What agents call, and what the gateway routes on (`POST /v1/tools/<name>/invoke`):
-# A-Z, a-z, 0-9, `.`, `_`, `-`. Keep it once agents use it: a new name is a new tool.
-name: {name}
-# Part of every fingerprint. Bump it when the same arguments start to mean a different
-# effect, so an operation claimed under the old meaning is never replayed as the new one.
-version: \"1\"
-";
-
-const KEY: &str = "\
-operation_key:
-  # Who names the operation: the application, from its own durable workflow state (the run
-  # and the step). Never the model, a tool-call id, the clock or a random number.
-  supplied_by: application
-  # What the key is namespaced by; the gateway builds tenant:environment:workflow_id:step_id.
-  scope: [tenant, environment, workflow_id, step_id]
-  # A retry of the same step reuses its key; a deliberate second action is a new step.
-  reused_for_retry: true
-";
-
-const SECURITY_NEVER: &str = "\
-security:
-  # Ask the authorization hook again before every effect and every replay, so a retry cannot
-  # outlive a revoked permission. Keep it true.
-  recheck_authorization: true
-  # Whether an operator approves an operation before its effect: never, always, or
-  # when_matches (with `approval_when: {argument: [values]}`).
-  approval: never
-";
-
-const OWNER: &str = "\
-owner:
-  # The team or on-call rotation that works this tool's `unknown` outcomes (the
-  # reconciliation queue). Change it to yours.
-  reconciliation: {name}-oncall
-  # When this contract is reviewed next (YYYY-MM-DD).
-  next_review: \"{review}\"
-";
-
-const KEY_BASED: &str = "\
-# One sentence: which business effect happens, in which system. The model reads it.
-purpose: Create one record in the system of record for one workflow step.
-# When the model should call this tool.
-use_when:
-  - The workflow has validated what to create and needs it created exactly once.
-# When it must not: to check or read, or to do the same thing again on purpose.
-do_not_use_when:
-  - The agent only wants to know whether the record exists; use a read tool.
-  - The user asks for a second record; that is a new workflow step with a new key.
-# key_based: one effect per operation key, a durable claim, and a receipt replayed to every
-# later delivery of the key.
-effect_class: key_based
-{key}\
-# The JSON Schema of the arguments. Replace the example properties with the tool's own, and
-# keep `additionalProperties: false` so an unknown argument is refused, not ignored.
-input_schema:
-  type: object
-  properties:
-    subject:
-      type: string
-      minLength: 1
-      maxLength: 200
-    body:
-      type: string
-      maxLength: 20000
-  required: [subject, body]
-  additionalProperties: false
-request_fingerprint:
-  # The material fields: every argument that changes the effect, and none that describes the
-  # delivery (a trace id, a retry count, a timestamp, the key). A different value under the
-  # same key is refused.
-  fields: [subject, body]
-  # What a changed request under the same key gets: rejected, with no effect.
-  mismatch: rejected
-downstream:
-  # Whether the system of record deduplicates on the Idempotency-Key the gateway sends; then
-  # a resend after a lost answer cannot make a second effect.
-  deduplicates_by_key: true
-  # Whether it can be asked for the effect made under a key; then a lost answer is settled by
-  # a lookup. With neither, a lost answer can only end in `unknown`.
-  receipt_lookup: true
-  # What the receipt is, for reviewers: the reference the system of record gives the effect.
-  receipt: record id
-  http:
-    # The HTTP method of the effect.
-    method: POST
-    # Where the effect is sent. Point it at the real system of record.
-    url: http://127.0.0.1:9000/records
-    # The header that carries the operation key on every request.
-    idempotency_header: Idempotency-Key
-    # A JSON pointer into the answer: the effect's reference.
-    reference: /id
-    lookup:
-      # The receipt lookup by operation key.
-      url: http://127.0.0.1:9000/records/by-key/{operation_key}
-    # Bounds on one attempt; an answer later than `total` counts as lost.
-    timeouts:
-      connect: 2s
-      total: 10s
-{security}\
-retention:
-  # How long the whole record (the result included) is kept after the operation settles.
-  record_ttl: 7d
-  # How long a small tombstone is kept after that, so a late retry still finds the key.
-  tombstone_ttl: 30d
-  # What a delivery after the tombstone gets: reject, tombstone (the reference only), or
-  # reconcile (an operator decides).
-  late_arrival: reject
-  # The longest a retry of one step can arrive after its first delivery (queues, restarts,
-  # resumed workflows). record_ttl + tombstone_ttl must cover it.
-  max_retry_window: 1d
-{owner}";
-
-const IRREVERSIBLE: &str = "\
-# One sentence: which business effect happens, in which system. The model reads it.
-purpose: Send one message to one recipient on behalf of a workflow step.
-# When the model should call this tool.
-use_when:
-  - The workflow decided the recipient must be told, and the message is final.
-# When it must not: to check whether it went out, or to send the same thing again.
-do_not_use_when:
-  - The agent wants to know whether the message went out; read the operation instead.
-  - The user asks to send it again; that is a new step, a new key and a new approval.
-# irreversible: key-based, and what happened cannot be undone, so an operator approves each
-# operation before its effect.
-effect_class: irreversible
-{key}\
-# The JSON Schema of the arguments. Replace the example properties with the tool's own, and
-# keep `additionalProperties: false` so an unknown argument is refused, not ignored.
-input_schema:
-  type: object
-  properties:
-    to:
-      type: string
-      minLength: 3
-      maxLength: 254
-    text:
-      type: string
-      minLength: 1
-      maxLength: 10000
-  required: [to, text]
-  additionalProperties: false
-request_fingerprint:
-  # The material fields: every argument that changes the effect, and none that describes the
-  # delivery (a trace id, a retry count, a timestamp, the key).
-  fields: [to, text]
-  # Normalisations the system of record applies itself, so that equal requests fingerprint
-  # alike. Remove any your downstream does not apply.
-  normalize:
-    # The recipient is compared trimmed and lowercased, as the provider routes it.
-    to: [trim, lowercase]
-  # What a changed request under the same key gets: rejected, with no effect.
-  mismatch: rejected
-downstream:
-  # This example's provider does not deduplicate on the key...
-  deduplicates_by_key: false
-  # ...but its log can be searched by the key: a lost answer is settled by that lookup. With
-  # neither, a lost answer can only end in `unknown`.
-  receipt_lookup: true
-  # What the receipt is, for reviewers.
-  receipt: provider message id
-  http:
-    # The HTTP method of the effect.
-    method: POST
-    # Where the effect is sent. Point it at the real provider.
-    url: http://127.0.0.1:9000/messages
-    # The header that carries the operation key on every request.
-    idempotency_header: Idempotency-Key
-    # A JSON pointer into the answer: the effect's reference.
-    reference: /message_id
-    lookup:
-      # The receipt lookup by operation key.
-      url: http://127.0.0.1:9000/messages/by-key/{operation_key}
-    # Bounds on one attempt; an answer later than `total` counts as lost.
-    timeouts:
-      connect: 2s
-      total: 10s
-security:
-  # Ask the authorization hook again before every effect and every replay. Keep it true.
-  recheck_authorization: true
-  # Every operation waits for an operator (`POST /v1/operations/{operation_key}/approve`).
-  # Keep it: the linter refuses an irreversible tool without approval.
-  approval: always
-retention:
-  # How long the whole record is kept after the operation settles.
-  record_ttl: 14d
-  # How long a small tombstone is kept after that, so a late retry still finds the key.
-  tombstone_ttl: 90d
-  # What a delivery after the record expired gets: tombstone replays the reference only.
-  late_arrival: tombstone
-  # The longest a retry of one step can arrive after its first delivery; it is also how long
-  # an operation waits for approval. record_ttl + tombstone_ttl must cover it.
-  max_retry_window: 2d
-{owner}";
-
-const NATURAL_IDEMPOTENT: &str = "\
-# One sentence: which business effect happens, in which system. The model reads it.
-purpose: Set the status of one existing record.
-# When the model should call this tool.
-use_when:
-  - The workflow decided the record's new status, having read its current version.
-# When it must not.
-do_not_use_when:
-  - The record does not exist yet; create it with its own tool.
-  - The agent has not read the record's current version.
-# natural_idempotent: an absolute update (set X to V); repeating it changes nothing more.
-# The key is optional: with one, a repeat is answered from the record.
-effect_class: natural_idempotent
-{key}\
-# The JSON Schema of the arguments. Replace the example properties with the tool's own, and
-# keep `additionalProperties: false` so an unknown argument is refused, not ignored.
-input_schema:
-  type: object
-  properties:
-    record_id:
-      type: string
-      minLength: 1
-      maxLength: 64
-    status:
-      type: string
-      enum: [open, pending, closed]
-    expected_version:
-      type: integer
-      minimum: 0
-  required: [record_id, status, expected_version]
-  additionalProperties: false
-request_fingerprint:
-  # The material fields: what identifies the update and the value it sets.
-  fields: [record_id, status, expected_version]
-downstream:
-  # The argument sent as a version precondition (If-Match): the update applies only to the
-  # version the agent read, so a retry cannot overwrite a newer change.
-  version_precondition: expected_version
-  # What the receipt is, for reviewers.
-  receipt: record version after the update
-  http:
-    # The HTTP method of the update: an absolute write.
-    method: PUT
-    # Where the update is sent; `{record_id}` is filled from the arguments.
-    url: http://127.0.0.1:9000/records/{record_id}/status
-    # A JSON pointer into the answer: the effect's reference.
-    reference: /id
-{security}\
-retention:
-  # How long the record of an update is kept after it settles.
-  record_ttl: 1d
-  # How long a small tombstone is kept after that.
-  tombstone_ttl: 7d
-  # What a delivery after the tombstone gets: reject, tombstone or reconcile.
-  late_arrival: reject
-  # The longest a retry can arrive after its first delivery.
-  max_retry_window: 1d
-{owner}";
-
-const READ: &str = "\
-# One sentence: what it reads, in which system. The model reads it.
-purpose: Read one record, its status and its version. No effect.
-# When the model should call this tool.
-use_when:
-  - The agent needs the current state of a record before deciding what to do.
-# When it must not.
-do_not_use_when:
-  - The agent wants to change the record; use the tool that changes it.
-# read: no effect, no claim, no key; authorization still applies.
-effect_class: read
-# The JSON Schema of the arguments. Replace the example property with the tool's own.
-input_schema:
-  type: object
-  properties:
-    record_id:
-      type: string
-      minLength: 1
-      maxLength: 64
-  required: [record_id]
-  additionalProperties: false
-# The system of record the read goes to. A read has no key, no receipt and no retention.
-downstream:
-  http:
-    # The HTTP method of the read.
-    method: GET
-    # Where the read goes; `{record_id}` is filled from the arguments.
-    url: http://127.0.0.1:9000/records/{record_id}
-    # A JSON pointer into the answer: the reference of what was read.
-    reference: /id
-{owner}";
-
 /// The text of a new contract.
-fn draft(name: &str, class: Class, file: &str, review: &str) -> String {
-    let (class_name, body) = match class {
-        Class::Read => ("read", READ),
-        Class::NaturalIdempotent => ("natural_idempotent", NATURAL_IDEMPOTENT),
-        Class::KeyBased => ("key_based", KEY_BASED),
-        Class::Irreversible => ("irreversible", IRREVERSIBLE),
+fn draft_of(name: &str, class: Class, file: &str, review: &str) -> String {
+    use draft::Shape;
+    let shape = match class {
+        Class::Read => Shape::Read,
+        Class::NaturalIdempotent => Shape::NaturalIdempotent,
+        Class::KeyBased => Shape::KeyBased,
+        Class::Deduplicating => Shape::Deduplicating,
+        Class::Job => Shape::Job,
+        Class::Irreversible => Shape::Irreversible,
         Class::NonIdempotent => unreachable!("refused before drafting"),
     };
-    let text = format!("{HEADER}{IDENTITY}{body}")
-        .replace("{key}", KEY)
-        .replace("{security}", SECURITY_NEVER)
-        .replace("{owner}", OWNER);
-    text.replace("{class}", class_name)
-        .replace("{file}", file)
-        .replace("{review}", review)
-        .replace("{name}", name)
+    draft::draft(name, shape, file, review)
 }
 
 /// The civil date (YYYY-MM-DD) `days` days after 1970-01-01 (the proleptic Gregorian
@@ -681,7 +479,7 @@ fn new_contract(name: &str, class: Class, out: Option<PathBuf>) -> anyhow::Resul
     }
     let path = out.unwrap_or_else(|| PathBuf::from(format!("{name}.yaml")));
     let shown = path.display().to_string();
-    let text = draft(name, class, &shown, &review_date());
+    let text = draft_of(name, class, &shown, &review_date());
     let mut file = match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -61,8 +61,8 @@ enum Command {
     Contract(contract::Command),
     /// The lost-response story end to end, on an embedded SQLite file in a temporary directory.
     Demo,
-    /// Run the fault matrix (every scenario of the seed's test tables) on embedded SQLite, with
-    /// the `idemgate-conformance` runner beside this binary.
+    /// Run the fault matrix (every duplicate, lost-answer, crash and retention scenario) on
+    /// embedded SQLite, with the `idemgate-conformance` runner beside this binary.
     Conformance(conformance::ConformanceArgs),
     /// Serve API v1 over HTTP: tools from contracts, the recoverer and the retention sweeper.
     Serve(serve::ServeArgs),

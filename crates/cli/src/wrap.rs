@@ -8,12 +8,19 @@
 //! (sampling, elicitation, roots) come back through the relay; when the child says its tool
 //! list changed, the list is read again and served anew ([`Refresh`]).
 //!
+//! Each tool runs under the contract file that names it, else under defaults from its
+//! annotations ([`idemgate_downstream_mcp::defaults`]): `--reads` marks reads the child did not
+//! annotate, and a tool whose schema takes an idempotency key gets it filled with the
+//! operation key (hidden from the model) and is resent under it after a lost answer.
+//! `--list` prints how each tool is treated and exits before anything is served.
+//!
 //! Settings come from flags, then the configuration file (`--config`, TOML, keys below), then
 //! defaults. Relative paths in the file are read from the file's directory.
 //!
 //! ```toml
 //! store = "sqlite://wrap.sqlite"      # default: idemgate-wrap.sqlite beside this file
 //! contracts = ["contracts/*.yaml"]    # optional: a contract per tool, by the tool's name
+//! reads = ["search", "get_balance"]   # tools that only read (passed straight through)
 //! identity = "session_window:10m"     # or "meta"
 //! tenant = "local"
 //! environment = "local"
@@ -41,7 +48,7 @@ use idemgate_core::duration::Span;
 use idemgate_core::key::OperationKey;
 use idemgate_core::store::BoxFuture;
 use idemgate_downstream_mcp::{
-    Child, ChildSpec, ForwardError, McpDownstream, Started, Upstream, default_contract,
+    Child, ChildSpec, ForwardError, McpDownstream, Started, Upstream, default_contract, defaults,
 };
 use idemgate_mcp::assembly::{self, IdentityRule, Local};
 use idemgate_mcp::wrapped::{self, Forwarded, Host, Listing, Passthrough, Waiting, Wrap};
@@ -68,6 +75,14 @@ pub struct WrapArgs {
     /// Contract files overriding the defaults per tool (the contract's name is the tool's).
     #[arg(long, value_name = "GLOB", num_args = 1..)]
     pub contracts: Vec<String>,
+    /// Tools of the child that only read, whatever their annotations say: passed straight
+    /// through, no record (comma-separated, or the flag repeated).
+    #[arg(long, value_name = "TOOL,…", value_delimiter = ',')]
+    pub reads: Vec<String>,
+    /// Print how each of the child's tools is treated (read, key-based, deduplicating on an
+    /// argument idemgate fills, irreversible) and why, then exit: nothing is served or stored.
+    #[arg(long)]
+    pub list: bool,
     /// The tenant of every operation.
     #[arg(long, env = "IDEMGATE_TENANT")]
     pub tenant: Option<String>,
@@ -101,6 +116,8 @@ struct FileConfig {
     store: Option<String>,
     #[serde(default)]
     contracts: Vec<String>,
+    #[serde(default)]
+    reads: Vec<String>,
     identity: Option<String>,
     tenant: Option<String>,
     environment: Option<String>,
@@ -117,6 +134,8 @@ struct FileConfig {
 struct Settings {
     store: String,
     contracts: Vec<String>,
+    reads: BTreeSet<String>,
+    list: bool,
     identity: IdentityRule,
     local: Local,
     call_timeout: Duration,
@@ -201,6 +220,8 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
         (Some(url), _, _) => url.clone(),
         (None, Some(url), Some(base)) => store_beside(base, url),
         (None, _, Some(base)) => format!("sqlite://{}", beside(base, "idemgate-wrap.sqlite")),
+        // `--list` opens no store: nothing is made in the data directory either.
+        (None, _, None) if args.list => String::new(),
         (None, _, None) => default_store(&args.command)?,
     };
     let contracts = if !args.contracts.is_empty() {
@@ -208,6 +229,11 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
     } else {
         let base = base.clone().unwrap_or_else(|| PathBuf::from("."));
         file.contracts.iter().map(|c| beside(&base, c)).collect()
+    };
+    let reads: BTreeSet<String> = if args.reads.is_empty() {
+        file.reads.iter().cloned().collect()
+    } else {
+        args.reads.iter().map(|r| r.trim().to_string()).collect()
     };
     let identity = match args.identity.as_deref().or(file.identity.as_deref()) {
         Some(text) => text
@@ -268,6 +294,8 @@ fn settle(args: WrapArgs) -> anyhow::Result<Settings> {
     Ok(Settings {
         store,
         contracts,
+        reads,
+        list: args.list,
         identity,
         local,
         call_timeout,
@@ -373,17 +401,29 @@ impl Passthrough for ChildPassthrough {
 }
 
 /// How each listed tool is served: the contract file's where one names it, else the defaults
-/// from its annotations (with one warning on stderr per tool, the first time).
+/// from its annotations and wrap's `--reads` (with one warning on stderr per tool, the first
+/// time).
 struct Contracts {
     child: String,
     files: Vec<Arc<Contract>>,
+    /// The tools the operator marked as reads.
+    reads: BTreeSet<String>,
     lease_seconds: u64,
     warned: Mutex<BTreeSet<String>>,
 }
 
+/// One tool as it is served.
+struct Treated {
+    contract: Arc<Contract>,
+    /// The argument filled with the operation key, hidden from the model.
+    key_argument: Option<String>,
+    /// How it is treated and why, in one clause.
+    how: String,
+}
+
 impl Contracts {
-    /// A contract naming no listed tool is an error at start: it would silently protect
-    /// nothing. (After a change of the child's list it is not: the tool may come back.)
+    /// A contract or a `--reads` naming no listed tool is an error at start: it would silently
+    /// protect nothing. (After a change of the child's list it is not: the tool may come back.)
     fn check_files(&self, tools: &[Map<String, Value>]) -> anyhow::Result<()> {
         let names: Vec<&str> = tools
             .iter()
@@ -401,15 +441,50 @@ impl Contracts {
                 names.join(", ")
             );
         }
+        if let Some(stray) = self.reads.iter().find(|r| !names.contains(&r.as_str())) {
+            bail!(
+                "--reads names `{stray}`, which is no tool of the child `{}` (it lists: {})",
+                self.child,
+                names.join(", ")
+            );
+        }
+        if let Some(both) = self.files.iter().find(|c| self.reads.contains(&c.name)) {
+            bail!(
+                "tool `{}` is named by --reads and by a contract file; say its class in one place (the contract's effect_class)",
+                both.name
+            );
+        }
         Ok(())
     }
 
-    fn of(&self, tool: &Map<String, Value>) -> Result<Arc<Contract>, String> {
+    fn of(&self, tool: &Map<String, Value>) -> Result<Treated, String> {
         let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
         if let Some(contract) = self.files.iter().find(|c| c.name == name) {
-            return Ok(contract.clone());
+            let key_argument = defaults::key_argument(tool).filter(|_| contract.requires_key());
+            let how = format!(
+                "{} (contract file, version {}){}",
+                contract.effect_class.as_str(),
+                contract.version,
+                key_argument
+                    .as_deref()
+                    .map(|a| format!(
+                        ": `{a}` is filled with the operation key and hidden from the model{}",
+                        if contract.deduplicates() {
+                            ", a lost answer is resent under the same key"
+                        } else {
+                            ""
+                        }
+                    ))
+                    .unwrap_or_default()
+            );
+            return Ok(Treated {
+                contract: contract.clone(),
+                key_argument,
+                how,
+            });
         }
-        let contract = default_contract(tool, self.lease_seconds).map_err(|e| {
+        let read = self.reads.contains(name);
+        let contract = default_contract(tool, self.lease_seconds, read).map_err(|e| {
             format!(
                 "tool `{name}` of the child `{}` cannot run under default contracts: {}{}",
                 self.child,
@@ -420,22 +495,37 @@ impl Contracts {
                 e.message
             )
         })?;
-        let first = self
-            .warned
-            .lock()
-            .map(|mut w| w.insert(name.to_string()))
-            .unwrap_or(true);
+        let key_argument = defaults::key_argument(tool).filter(|_| contract.requires_key());
+        Ok(Treated {
+            how: defaults::treatment(tool, &contract, read),
+            contract,
+            key_argument,
+        })
+    }
+
+    /// [`Contracts::of`], with the warning on stderr the first time a tool runs under defaults.
+    fn serve(&self, tool: &Map<String, Value>) -> Result<Treated, String> {
+        let treated = self.of(tool)?;
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        let defaulted = !self.files.iter().any(|c| c.name == name);
+        let first = defaulted
+            && self
+                .warned
+                .lock()
+                .map(|mut w| w.insert(name.to_string()))
+                .unwrap_or(true);
         if first {
             eprintln!(
                 "{}",
-                idemgate_downstream_mcp::defaults::warning(
+                defaults::warning(
                     &self.child,
-                    name,
-                    contract.effect_class
+                    tool,
+                    &treated.contract,
+                    self.reads.contains(name)
                 )
             );
         }
-        Ok(contract)
+        Ok(treated)
     }
 }
 
@@ -455,15 +545,20 @@ struct Refresh {
 
 impl Refresh {
     fn serve(&self, tool: &Map<String, Value>) -> Result<Map<String, Value>, String> {
-        let contract = self.contracts.of(tool)?;
-        let downstream = McpDownstream::new(self.child.clone(), contract.name.clone())
-            .with_max_argument_bytes(self.max_argument_bytes);
+        let treated = self.contracts.serve(tool)?;
+        let downstream = McpDownstream::new(self.child.clone(), treated.contract.name.clone())
+            .with_max_argument_bytes(self.max_argument_bytes)
+            .with_key_argument(treated.key_argument.clone());
         self.tools.serve(Tool {
-            contract: contract.clone(),
+            contract: treated.contract.clone(),
             downstream: Arc::new(downstream),
             authorizer: None,
         });
-        Ok(wrapped::listed(tool, &contract))
+        Ok(wrapped::listed(
+            tool,
+            &treated.contract,
+            treated.key_argument.as_deref(),
+        ))
     }
 
     async fn once(&self) {
@@ -539,6 +634,30 @@ pub async fn run(args: WrapArgs) -> anyhow::Result<()> {
     result.with_context(|| format!("wrapping `{shown}`"))
 }
 
+/// `wrap --list`: one line per tool of the child, `NAME  CLASS  how and why`, names aligned.
+fn print_list(
+    child: &str,
+    contracts: &Contracts,
+    tools: &[Map<String, Value>],
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut rows = Vec::new();
+    for tool in tools {
+        let name = defaults::tool_name(tool).unwrap_or_default().to_string();
+        let treated = contracts.of(tool).map_err(anyhow::Error::msg)?;
+        rows.push((name, treated.how));
+    }
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut out = std::io::stdout().lock();
+    let noun = if rows.len() == 1 { "tool" } else { "tools" };
+    writeln!(out, "{child}: {} {noun}", rows.len())?;
+    for (name, how) in rows {
+        writeln!(out, "  {name:width$}  {how}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 async fn serve(
     settings: &Settings,
     files: Vec<Arc<Contract>>,
@@ -553,22 +672,31 @@ async fn serve(
     let contracts = Arc::new(Contracts {
         child: shown.clone(),
         files,
+        reads: settings.reads.clone(),
         lease_seconds: lease,
         warned: Mutex::new(BTreeSet::new()),
     });
     contracts.check_files(&started.tools)?;
+    if settings.list {
+        return print_list(&shown, &contracts, &started.tools);
+    }
     let mut tools = Vec::new();
     let mut listed = Vec::new();
     for tool in &started.tools {
-        let contract = contracts.of(tool).map_err(anyhow::Error::msg)?;
-        let downstream = McpDownstream::new(child.clone(), contract.name.clone())
-            .with_max_argument_bytes(settings.max_argument_bytes);
+        let treated = contracts.serve(tool).map_err(anyhow::Error::msg)?;
+        let downstream = McpDownstream::new(child.clone(), treated.contract.name.clone())
+            .with_max_argument_bytes(settings.max_argument_bytes)
+            .with_key_argument(treated.key_argument.clone());
         tools.push(Tool {
-            contract: contract.clone(),
+            contract: treated.contract.clone(),
             downstream: Arc::new(downstream),
             authorizer: None,
         });
-        listed.push(wrapped::listed(tool, &contract));
+        listed.push(wrapped::listed(
+            tool,
+            &treated.contract,
+            treated.key_argument.as_deref(),
+        ));
     }
     let store = stores::open(&settings.store).await?;
     tracing::info!(

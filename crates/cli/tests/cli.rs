@@ -111,10 +111,15 @@ fn lint_flags_each_bad_contract() {
         &[
             "ledger.append.yaml:11: error[non-idempotent-exposed] effect_class: a non_idempotent tool repeats its effect",
             "ledger.append.yaml: error[no-receipt-path] downstream:",
-            "ledger.append.yaml:11: error[load] effect_class: `non_idempotent` tools are refused",
-            "1 contract checked: 3 errors, 0 warnings",
+            // The loader refuses the same class; the fault is reported once.
+            "1 contract checked: 2 errors, 0 warnings",
         ],
         &[],
+    );
+    assert!(
+        !run(&["contract", "lint", &c("ledger.append.yaml")])
+            .stdout
+            .contains("error[load]")
     );
     check(
         &["contract", "lint", &c("messages.post.yaml")],
@@ -145,9 +150,14 @@ fn lint_flags_each_bad_contract() {
         1,
         &[
             "error[retention-shorter-than-retry-window] retention:",
-            "refunds.issue.yaml:29: error[load] retention.max_retry_window:",
+            "1 contract checked: 1 error, 0 warnings",
         ],
         &[],
+    );
+    assert!(
+        !run(&["contract", "lint", &c("refunds.issue.yaml")])
+            .stdout
+            .contains("error[load]")
     );
     check(
         &["contract", "lint", &c("accounts.delete.yaml")],
@@ -258,30 +268,34 @@ fn lint_reports_files_that_do_not_parse_or_cannot_be_read() {
             "unknown.yaml",
             text.replace("purpose:", "colour: blue\npurpose:"),
             "unknown.yaml:6: error[parse] colour: unknown field `colour`",
+            "decision: fix the contract first — 1 error to fix first (parse): the gateway would refuse",
         ),
         (
             "type.yaml",
             text.replace("deduplicates_by_key: true", "deduplicates_by_key: often"),
             "error[parse] downstream.deduplicates_by_key: invalid type",
+            "decision: fix the contract first",
         ),
         (
             "syntax.yaml",
             text.replace("purpose: Create one", "purpose: Create: one"),
             "syntax.yaml:6: error[parse] mapping values are not allowed",
+            "syntax.yaml: decision: not reviewed",
         ),
         (
             "nameless.yaml",
             text.replace("name: tickets.create\n", ""),
             "error[parse] name: missing field `name`",
+            "decision: fix the contract first",
         ),
     ];
-    for (name, content, expect) in cases {
+    for (name, content, expect, decision) in cases {
         let path = dir.path().join(name);
         std::fs::write(&path, content).unwrap();
         check(
             &["contract", "lint", path.to_str().unwrap()],
             1,
-            &[expect, "1 contract checked: 1 error, 0 warnings"],
+            &[expect, decision, "1 contract checked: 1 error, 0 warnings"],
             &[],
         );
     }
@@ -289,7 +303,10 @@ fn lint_reports_files_that_do_not_parse_or_cannot_be_read() {
     check(
         &["contract", "lint", missing.to_str().unwrap()],
         1,
-        &["missing.yaml: error[read] cannot read the file"],
+        &[
+            "missing.yaml: error[read] cannot read the file",
+            "missing.yaml: decision: not reviewed — the file cannot be read as a contract",
+        ],
         &[],
     );
 }
@@ -312,7 +329,7 @@ fn lint_needs_a_file() {
 }
 
 #[test]
-fn lint_ends_each_contract_with_the_seeds_decision() {
+fn lint_ends_each_contract_with_its_decision() {
     let cases = [
         ("tickets.get.yaml", "decision: automate — read"),
         (
@@ -334,7 +351,7 @@ fn lint_ends_each_contract_with_the_seeds_decision() {
         ),
         (
             "bad/messages.post.yaml",
-            "decision: keep manual until reconciliation exists — 1 error to fix first (fingerprint-over-everything)",
+            "decision: fix the contract first — 1 error to fix first (fingerprint-over-everything)",
         ),
     ];
     for (file, decision) in cases {
@@ -401,7 +418,7 @@ fn a_draft_without_retention_owner_or_version_lists_each_and_the_decision() {
             "error[no-reconciliation-owner] owner.reconciliation:",
             "warning[no-next-review] owner.next_review:",
             &format!("{path}: decision: keep manual until reconciliation exists — "),
-            "1 contract checked: 4 errors, 1 warning",
+            "1 contract checked: 3 errors, 1 warning",
         ],
         &[],
     );
@@ -518,7 +535,7 @@ fn lint_says_what_serve_would_refuse_in_the_http_section() {
         1,
         &[
             "error[load] downstream.http.url: placeholder `{queue}` is not `operation_key` or a property of the input schema",
-            "decision: keep manual until reconciliation exists — 1 error to fix first (load): the gateway would refuse",
+            "decision: fix the contract first — 1 error to fix first (load): the gateway would refuse",
         ],
         &[],
     );
@@ -586,27 +603,62 @@ fn every_field_is_commented(text: &str) {
     }
 }
 
+/// A draft with its placeholders replaced, as its owner would.
+fn filled(text: &str) -> String {
+    text.replace("CHANGE-ME.invalid", "127.0.0.1:9000")
+        .replace("CHANGE-ME-oncall", "billing-oncall")
+}
+
+/// The lines of `text`, outside comments, that carry the placeholder mark.
+fn marked_lines(text: &str) -> Vec<u64> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with('#') && l.contains("CHANGE-ME"))
+        .map(|(i, _)| i as u64 + 1)
+        .collect()
+}
+
 #[test]
-fn new_drafts_every_class_and_the_draft_lints_clean() {
+fn new_drafts_every_class_and_lint_flags_each_placeholder_until_it_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        ("read", "decision: automate — read"),
+        ("read", "tickets.get", "read", "decision: automate — read"),
         (
+            "natural_idempotent",
+            "tickets.set_status",
             "natural_idempotent",
             "decision: automate — natural_idempotent",
         ),
-        ("key_based", "decision: automate — key_based"),
         (
+            "key_based",
+            "tickets.create",
+            "key_based",
+            "decision: automate — key_based: one effect per operation key; the downstream deduplicates on the key and offers a receipt lookup",
+        ),
+        (
+            "deduplicating",
+            "payments.charge",
+            "key_based",
+            "decision: automate — key_based: one effect per operation key; the downstream deduplicates on the key;",
+        ),
+        (
+            "job",
+            "reports.generate",
+            "key_based",
+            "decision: automate — key_based: one effect per operation key; the downstream deduplicates on the key;",
+        ),
+        (
+            "irreversible",
+            "refunds.issue",
             "irreversible",
             "decision: automate with approval — irreversible",
         ),
     ];
-    for (class, decision) in cases {
-        let name = format!("demo.{class}");
+    for (class, name, effect_class, decision) in cases {
         let out = dir.path().join(format!("{class}.yaml"));
         let out = out.to_str().unwrap();
         check(
-            &["contract", "new", &name, "--class", class, "--out", out],
+            &["contract", "new", name, "--class", class, "--out", out],
             0,
             &[&format!("wrote {out}")],
             &[],
@@ -614,10 +666,44 @@ fn new_drafts_every_class_and_the_draft_lints_clean() {
         let text = std::fs::read_to_string(out).unwrap();
         assert!(text.contains(&format!("\nname: {name}\n")), "{text}");
         assert!(
-            text.contains(&format!("\neffect_class: {class}\n")),
+            text.contains(&format!("\neffect_class: {effect_class}\n")),
             "{text}"
         );
         every_field_is_commented(&text);
+        // As drafted: every line that carries the mark is one `placeholder` error, and there
+        // is nothing else to say.
+        let marked = marked_lines(&text);
+        assert!(!marked.is_empty(), "{class}: no placeholder\n{text}");
+        let r = check(&["contract", "lint", "--format", "json", out], 1, &[], &[]);
+        let review: Value = serde_json::from_str(&r.stdout).unwrap();
+        let findings = review[0]["findings"].as_array().unwrap();
+        let rules: Vec<&str> = findings
+            .iter()
+            .map(|f| f["rule"].as_str().unwrap())
+            .collect();
+        assert!(
+            rules.iter().all(|r| *r == "placeholder"),
+            "{class}: {rules:?}"
+        );
+        let lines: Vec<u64> = findings
+            .iter()
+            .map(|f| f["line"].as_u64().unwrap())
+            .collect();
+        assert_eq!(lines, marked, "{class}\n{text}");
+        assert_eq!(review[0]["decision"], "fix the contract first", "{class}");
+        check(
+            &["contract", "lint", out],
+            1,
+            &[
+                "error[placeholder] owner.reconciliation: `CHANGE-ME` is a placeholder left from the draft",
+                "error[placeholder] downstream.http.url:",
+                &format!("{out}: decision: fix the contract first — "),
+                "placeholders of the draft are still in place",
+            ],
+            &[],
+        );
+        // Replaced: clean, and the decision the class leads to.
+        std::fs::write(out, filled(&text)).unwrap();
         let r = check(
             &["contract", "lint", out],
             0,
@@ -629,24 +715,180 @@ fn new_drafts_every_class_and_the_draft_lints_clean() {
             &[],
         );
         assert_eq!(r.stderr, "");
-        let r = check(&["contract", "lint", "--format", "json", out], 0, &[], &[]);
-        let review: Value = serde_json::from_str(&r.stdout).unwrap();
-        assert_eq!(review[0]["findings"], serde_json::json!([]), "{class}");
     }
-    // A key-based draft fingerprints its own example arguments.
+}
+
+#[test]
+fn new_shapes_the_arguments_by_what_the_name_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = |name: &str, class: &str| {
+        let out = dir.path().join(format!("{name}.{class}.yaml"));
+        check(
+            &[
+                "contract",
+                "new",
+                name,
+                "--class",
+                class,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            0,
+            &[],
+            &[],
+        );
+        let text = std::fs::read_to_string(&out).unwrap();
+        std::fs::write(&out, filled(&text)).unwrap();
+        (out.to_str().unwrap().to_string(), text)
+    };
+    let property = |text: &str, p: &str| text.contains(&format!("\n    {p}:\n"));
+    // A refund has a payment and an amount, not a recipient.
+    let (refund, text) = draft("refunds.issue", "irreversible");
+    for p in ["payment_id", "amount", "currency"] {
+        assert!(property(&text, p), "{p}\n{text}");
+    }
+    assert!(!property(&text, "to") && !property(&text, "text"), "{text}");
+    assert!(text.contains("purpose: Refund "), "{text}");
+    assert!(
+        text.contains("url: https://CHANGE-ME.invalid/refunds\n"),
+        "{text}"
+    );
+    assert!(!text.contains("a irreversible"), "{text}");
+    let r = check(
+        &[
+            "contract",
+            "fingerprint",
+            &refund,
+            "--args",
+            r#"{"payment_id": "pay_1", "amount": 500, "currency": "eur", "reason": "broken"}"#,
+        ],
+        0,
+        &["tool              refunds.issue"],
+        &[],
+    );
+    // The currency is normalised, and the reason is not material.
+    assert!(
+        r.stdout
+            .contains(r#""fields":{"amount":500,"currency":"EUR","payment_id":"pay_1"}"#),
+        "{}",
+        r.stdout
+    );
+    // A message has a recipient and a text; a ticket a subject and a body.
+    let (email, text) = draft("email.send", "key_based");
+    assert!(property(&text, "to") && property(&text, "text"), "{text}");
     check(
         &[
             "contract",
             "fingerprint",
-            dir.path().join("key_based.yaml").to_str().unwrap(),
+            &email,
             "--args",
-            r#"{"subject": "Refund", "body": "Order 42 arrived broken."}"#,
+            r#"{"to": " Ann@Example.org", "text": "hi"}"#,
         ],
         0,
+        &["\"to\":\"ann@example.org\""],
+        &[],
+    );
+    let (_, text) = draft("tickets.create", "key_based");
+    assert!(
+        property(&text, "subject") && property(&text, "body"),
+        "{text}"
+    );
+    let (_, text) = draft("tickets.get", "read");
+    assert!(property(&text, "ticket_id"), "{text}");
+    // A name that says nothing: the arguments themselves are placeholders, reported as such.
+    let out = dir.path().join("inventory.yaml");
+    let out = out.to_str().unwrap();
+    check(
         &[
-            "tool              demo.key_based",
-            "fingerprint       sha256:",
+            "contract",
+            "new",
+            "inventory.adjust",
+            "--class",
+            "key_based",
+            "--out",
+            out,
         ],
+        0,
+        &[],
+        &[],
+    );
+    check(
+        &["contract", "lint", out],
+        1,
+        &[
+            "error[placeholder] purpose:",
+            "error[placeholder] input_schema.properties.CHANGE-ME: `CHANGE-ME` is a placeholder left from the draft: replace it with the tool's own arguments",
+            "error[placeholder] request_fingerprint.fields:",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn lint_reports_each_fault_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("window.yaml");
+    std::fs::write(
+        &path,
+        tickets_create_with(&[("max_retry_window: 1d", "max_retry_window: 60d")]),
+    )
+    .unwrap();
+    let r = check(
+        &["contract", "lint", path.to_str().unwrap()],
+        1,
+        &[
+            "error[retention-shorter-than-retry-window] retention:",
+            "decision: fix the contract first — 1 error to fix first (retention-shorter-than-retry-window)",
+            "1 contract checked: 1 error, 0 warnings",
+        ],
+        &[],
+    );
+    assert!(!r.stdout.contains("error[load]"), "{}", r.stdout);
+    // A loader refusal no red flag covers is still reported.
+    std::fs::write(
+        &path,
+        tickets_create_with(&[(
+            "  fields: [queue_id, subject, body]",
+            "  fields: [queue_id, subject, body, colour]",
+        )]),
+    )
+    .unwrap();
+    check(
+        &["contract", "lint", path.to_str().unwrap()],
+        1,
+        &["error[load] request_fingerprint.fields:", "1 error"],
+        &[],
+    );
+}
+
+#[test]
+fn contract_help_speaks_of_the_product() {
+    for args in [
+        &["contract", "--help"][..],
+        &["contract", "lint", "--help"],
+        &["contract", "new", "--help"],
+    ] {
+        let r = check(args, 0, &[], &[]);
+        assert!(
+            !r.stdout.to_lowercase().contains("seed"),
+            "{args:?}\n{}",
+            r.stdout
+        );
+    }
+    check(
+        &["contract", "lint", "--help"],
+        0,
+        &[
+            "keep manual until reconciliation exists",
+            "fix the contract first",
+            "not reviewed",
+        ],
+        &[],
+    );
+    check(
+        &["contract", "new", "--help"],
+        0,
+        &["CHANGE-ME", "deduplicating", "job", "irreversible"],
         &[],
     );
 }

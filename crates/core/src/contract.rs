@@ -1,4 +1,4 @@
-//! Tool contracts: versioned YAML files that mirror the seed's design-review artifact.
+//! Tool contracts: versioned YAML files, each the design review of one tool.
 //!
 //! Loading has two steps. [`ContractFile::parse`] reads the YAML strictly (unknown fields are
 //! errors naming file, line and field); the linter works on this form, so it can report a
@@ -16,7 +16,7 @@ use crate::duration::Span;
 use crate::fingerprint::Fingerprint;
 use crate::json;
 
-/// The seed's classes of effect, each with its own retry design.
+/// The classes of effect, each with its own retry design.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectClass {

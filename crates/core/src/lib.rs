@@ -24,7 +24,7 @@
 //! - [`webhook`] — a webhook event's deduplication row, bound to the operation it finished.
 //! - [`audit`] — the operator actions' hash-chained, signed log: entries as data, their
 //!   canonical bytes and hashes; the store seals each in its transition's transaction.
-//! - [`lint`] — the seed's review worksheet as a linter over contract files.
+//! - [`lint`] — the review of a contract as a linter, ending with a decision.
 //!
 //! **This crate performs no I/O**: no clock reads (a [`clock::Clock`] is injected), no files,
 //! no network, no database, no async runtime.

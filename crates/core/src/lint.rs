@@ -1,7 +1,7 @@
-//! The seed's review worksheet as a linter: each red flag with its reason and the field it
+//! The review of a tool contract as a linter: each red flag with its reason and the field it
 //! concerns. Works on the file form, so a contract that would not load is still reviewed.
-//! [`decide`] ends a review with the seed's decision: `automate`, `automate with approval`, or
-//! `keep manual until reconciliation exists`, and why.
+//! [`decide`] ends a review with a decision — `automate`, `automate with approval`, `keep
+//! manual until reconciliation exists`, `fix the contract first` or `not reviewed` — and why.
 
 use serde::Serialize;
 
@@ -282,15 +282,24 @@ pub fn lint(cf: &ContractFile) -> Vec<Finding> {
     out
 }
 
-/// The seed's closing decision of a tool review.
+/// The closing decision of a tool review: whether agents may call the tool unattended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Decision {
     #[serde(rename = "automate")]
     Automate,
     #[serde(rename = "automate with approval")]
     AutomateWithApproval,
+    /// The contract is readable, but its effect boundary is not safe: a lost answer could not
+    /// be settled, or the key cannot be trusted.
     #[serde(rename = "keep manual until reconciliation exists")]
     KeepManual,
+    /// The contract has faults the gateway would refuse, or retries would mishandle, none of
+    /// them about the effect boundary: a mistake to fix, not a design to rethink.
+    #[serde(rename = "fix the contract first")]
+    FixContract,
+    /// The file could not be read, or is not a contract at all: nothing was reviewed.
+    #[serde(rename = "not reviewed")]
+    NotReviewed,
 }
 
 impl Decision {
@@ -299,6 +308,8 @@ impl Decision {
             Decision::Automate => "automate",
             Decision::AutomateWithApproval => "automate with approval",
             Decision::KeepManual => "keep manual until reconciliation exists",
+            Decision::FixContract => "fix the contract first",
+            Decision::NotReviewed => "not reviewed",
         }
     }
 }
@@ -325,18 +336,20 @@ const BOUNDARY: &[&str] = &[
 /// rules of every error the review found (the linter's, and the parser's or loader's); `cf` is
 /// the contract as reviewed, absent when the file could not be read at all.
 ///
-/// Any error keeps the tool manual: the gateway would refuse to load it, or its effect cannot
-/// be settled after a lost answer. Otherwise an irreversible tool, or one whose operations
-/// wait for an operator, is automated with approval; the rest are automated.
+/// A file that cannot be read at all is `not reviewed`. An error about the effect boundary
+/// (a lost answer could not be settled, the key cannot be trusted, or a claim about the
+/// downstream was refuted: rules `refuted:<claim>`) keeps the tool manual until reconciliation
+/// exists; any other error is a mistake to fix first. Otherwise an irreversible tool, or one
+/// whose operations wait for an operator, is automated with approval; the rest are automated.
 pub fn decide(cf: Option<&ContractFile>, errors: &[&str]) -> Verdict {
     let Some(cf) = cf else {
         return Verdict {
-            decision: Decision::KeepManual,
-            reason:
-                "the file cannot be reviewed at all, so nothing shows where the effect boundary is"
-                    .into(),
+            decision: Decision::NotReviewed,
+            reason: "the file cannot be read as a contract: fix the error above, then lint again"
+                .into(),
         };
     };
+    let boundary = |rule: &str| BOUNDARY.contains(&rule) || rule.starts_with("refuted:");
     if !errors.is_empty() {
         let mut named: Vec<&str> = BOUNDARY
             .iter()
@@ -353,8 +366,11 @@ pub fn decide(cf: Option<&ContractFile>, errors: &[&str]) -> Verdict {
         } else {
             named.join(", ")
         };
-        let why = if named.iter().any(|r| BOUNDARY.contains(r)) {
+        let on_boundary = named.iter().any(|r| boundary(r));
+        let why = if on_boundary {
             "a lost answer could not be settled, or the key cannot be trusted"
+        } else if named.contains(&"placeholder") {
+            "placeholders of the draft are still in place"
         } else if named
             .iter()
             .any(|r| matches!(*r, "parse" | "load" | "read"))
@@ -365,7 +381,11 @@ pub fn decide(cf: Option<&ContractFile>, errors: &[&str]) -> Verdict {
         };
         let n = errors.len();
         return Verdict {
-            decision: Decision::KeepManual,
+            decision: if on_boundary {
+                Decision::KeepManual
+            } else {
+                Decision::FixContract
+            },
             reason: format!(
                 "{n} {} to fix first ({shown}): {why}",
                 if n == 1 { "error" } else { "errors" }
@@ -458,13 +478,25 @@ mod tests {
         check(
             &stated,
             &["no-version", "load"],
-            Decision::KeepManual,
+            Decision::FixContract,
             "the gateway would refuse",
         );
         check(
             &stated,
-            &["fingerprint-over-everything"],
+            &["placeholder", "load"],
+            Decision::FixContract,
+            "placeholders of the draft are still in place",
+        );
+        check(
+            &stated,
+            &["refuted:deduplicates_by_key"],
             Decision::KeepManual,
+            "a lost answer could not be settled",
+        );
+        check(
+            &stated,
+            &["fingerprint-over-everything"],
+            Decision::FixContract,
             "1 error to fix first (fingerprint-over-everything): retries would not",
         );
         check(
@@ -486,7 +518,7 @@ mod tests {
             "no effect",
         );
         let v = decide(None, &["read"]);
-        assert_eq!(v.decision, Decision::KeepManual);
+        assert_eq!(v.decision, Decision::NotReviewed);
         let many = ["a", "b", "c", "d", "e", "f"];
         let v = decide(Some(&file(&stated)), &many);
         assert!(

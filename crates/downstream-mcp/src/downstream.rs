@@ -23,6 +23,9 @@ pub struct McpDownstream {
     child: Arc<Child>,
     tool: String,
     max_argument_bytes: usize,
+    /// The argument filled with the operation key on every call, for a child that
+    /// deduplicates on it (see [`crate::defaults::key_argument`]).
+    key_argument: Option<String>,
 }
 
 impl McpDownstream {
@@ -31,7 +34,15 @@ impl McpDownstream {
             child,
             tool: tool.into(),
             max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+            key_argument: None,
         }
+    }
+
+    /// Fills `argument` with the operation key on every call (the same key on a resend), over
+    /// whatever the caller put there.
+    pub fn with_key_argument(mut self, argument: Option<String>) -> McpDownstream {
+        self.key_argument = argument;
+        self
     }
 
     pub fn with_max_argument_bytes(mut self, bytes: usize) -> McpDownstream {
@@ -83,7 +94,10 @@ impl Downstream for McpDownstream {
 
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         Box::pin(async move {
-            let arguments = request.arguments.as_object().cloned().unwrap_or_default();
+            let mut arguments = request.arguments.as_object().cloned().unwrap_or_default();
+            if let Some(argument) = &self.key_argument {
+                arguments.insert(argument.clone(), json!(request.key.as_str()));
+            }
             let mut meta = Map::new();
             meta.insert(OPERATION_KEY_META.into(), json!(request.key.as_str()));
             let answer = self

@@ -1074,6 +1074,14 @@ impl ServerHandler for Handler {
             .filter(|m| m.contains_key(tools::OPERATION_META))
             .unwrap_or(&context.meta.0.0);
         let mut arguments = arguments;
+        if let Some(wrap) = &self.shared.wrap
+            && let Some(argument) = wrap.listing.key_argument(&name)
+        {
+            // idemgate fills this argument with the operation key; a value the model sends
+            // anyway (a fresh one per call, as some servers ask) neither names the operation
+            // nor reaches the child.
+            arguments.remove(&argument);
+        }
         let Some(loaded) = served.contracts.get(&contract) else {
             let outcome = Outcome::rejected(
                 None,

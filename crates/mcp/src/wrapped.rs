@@ -3,10 +3,14 @@
 //! SDK's types.
 //!
 //! - **Listing.** Each tool exactly as the child listed it (name, title, description, input
-//!   schema, annotations, icons), with three changes: the description gains one paragraph on
-//!   what a repeat does, `outputSchema` becomes the outcome's (the structured content of every
-//!   answer is the outcome; the child's own structured content is in `result`), and `_meta`
-//!   gains `io.idemgate/contract` naming the class the tool runs under.
+//!   schema, annotations, icons), with these changes: the description gains one paragraph on
+//!   what the tool is treated as and what a repeat does (a tool its server does not mark
+//!   read-only is told it is treated as one that changes something, whose repeat replays);
+//!   `outputSchema` becomes the outcome's (the structured content of every answer is the
+//!   outcome; the child's own structured content is in `result`); `_meta` gains
+//!   `io.idemgate/contract` naming the class the tool runs under; and an argument idemgate
+//!   fills with the operation key (`operation_key_argument` there) leaves the input schema,
+//!   and is dropped from the model's arguments if it sends it anyway ([`Listing::key_argument`]).
 //! - **Answers.** The child's content blocks first, as it answered them (on a replay, as it
 //!   answered the first time), then one text block with the sentence for the model. `isError`
 //!   is set for `rejected`, `unknown`, and a stored answer the child marked `isError`.
@@ -113,8 +117,26 @@ pub struct Listing {
 struct Listed {
     generation: u64,
     tools: Vec<Map<String, Value>>,
+    /// The argument of each tool that idemgate fills with the operation key.
+    key_arguments: BTreeMap<String, String>,
     /// Tools not served now, each with the sentence a call of it is refused with.
     gone: BTreeMap<String, String>,
+}
+
+/// The tool → argument map of the tools whose listing names an `operation_key_argument`.
+fn key_arguments(tools: &[Map<String, Value>]) -> BTreeMap<String, String> {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let name = t.get("name")?.as_str()?;
+            let argument = t
+                .get("_meta")?
+                .get(CONTRACT_META)?
+                .get(KEY_ARGUMENT)?
+                .as_str()?;
+            Some((name.to_string(), argument.to_string()))
+        })
+        .collect()
 }
 
 impl Listing {
@@ -122,10 +144,17 @@ impl Listing {
         Listing {
             inner: std::sync::RwLock::new(Listed {
                 generation: 0,
+                key_arguments: key_arguments(&tools),
                 tools,
                 gone: BTreeMap::new(),
             }),
         }
+    }
+
+    /// The argument of `tool` that idemgate fills with the operation key, if any: the model's
+    /// own value for it is dropped before the call is named or checked.
+    pub fn key_argument(&self, tool: &str) -> Option<String> {
+        self.read().key_arguments.get(tool).cloned()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Listed> {
@@ -166,6 +195,7 @@ impl Listing {
         gone.retain(|tool, _| !now.contains(tool));
         gone.extend(refused);
         inner.generation += 1;
+        inner.key_arguments = key_arguments(&tools);
         inner.tools = tools;
         inner.gone = gone;
     }
@@ -230,6 +260,34 @@ impl Error {
     }
 }
 
+/// The member of `io.idemgate/contract` naming the argument idemgate fills with the key.
+pub const KEY_ARGUMENT: &str = "operation_key_argument";
+
+/// What the tool is treated as, for the model, before what a repeat does: said outright when
+/// the class comes from the absence of a hint (a tool that only reads, unmarked, would
+/// otherwise answer a repeat with a stale result without the model knowing why).
+fn treated_as(tool: &Map<String, Value>, class: EffectClass, key_argument: Option<&str>) -> String {
+    let read_only = tool
+        .get("annotations")
+        .and_then(|a| a.get("readOnlyHint"))
+        .and_then(Value::as_bool);
+    let mut out = String::new();
+    if class == EffectClass::KeyBased && read_only.is_none() {
+        out.push_str(
+            "idemgate treats this tool as one that changes something (key-based), since its \
+server does not mark it read-only: a repeat of the same operation replays the stored answer, \
+even if the tool only reads. ",
+        );
+    }
+    if let Some(argument) = key_argument {
+        out.push_str(&format!(
+            "idemgate fills `{argument}` with the operation's key itself, the same on every \
+retry, so the server recognises a repeat; do not send it. "
+        ));
+    }
+    out
+}
+
 fn repeat_paragraph(class: EffectClass) -> &'static str {
     match class {
         EffectClass::Read => {
@@ -250,32 +308,51 @@ again; an operator reconciles it."
     }
 }
 
-/// The listing of one child tool, as served by wrap (see the module's doc).
-pub fn listed(tool: &Map<String, Value>, contract: &Contract) -> Map<String, Value> {
+/// The listing of one child tool, as served by wrap (see the module's doc). `key_argument`:
+/// the argument idemgate fills with the operation key, hidden from the input schema.
+pub fn listed(
+    tool: &Map<String, Value>,
+    contract: &Contract,
+    key_argument: Option<&str>,
+) -> Map<String, Value> {
     let mut out = tool.clone();
+    let ours = format!(
+        "{}{}",
+        treated_as(tool, contract.effect_class, key_argument),
+        repeat_paragraph(contract.effect_class)
+    );
     let description = match tool.get("description").and_then(Value::as_str) {
-        Some(d) if !d.trim().is_empty() => format!(
-            "{}\n\n{}",
-            d.trim_end(),
-            repeat_paragraph(contract.effect_class)
-        ),
-        _ => repeat_paragraph(contract.effect_class).to_string(),
+        Some(d) if !d.trim().is_empty() => format!("{}\n\n{ours}", d.trim_end()),
+        _ => ours,
     };
     out.insert("description".into(), json!(description));
+    if let Some(argument) = key_argument {
+        let schema = out.get_mut("inputSchema").and_then(Value::as_object_mut);
+        if let Some(schema) = schema {
+            if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+                properties.remove(argument);
+            }
+            if let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
+                required.retain(|r| r.as_str() != Some(argument));
+            }
+        }
+    }
     out.insert("outputSchema".into(), Value::Object(outcome_schema()));
     let mut meta = match tool.get("_meta") {
         Some(Value::Object(m)) => m.clone(),
         _ => Map::new(),
     };
-    meta.insert(
-        CONTRACT_META.into(),
-        json!({
-            "name": contract.name,
-            "version": contract.version,
-            "effect_class": contract.effect_class.as_str(),
-            "operation_identity": Identity::of(contract.effect_class).as_str(),
-        }),
-    );
+    let mut about = json!({
+        "name": contract.name,
+        "version": contract.version,
+        "effect_class": contract.effect_class.as_str(),
+        "operation_identity": Identity::of(contract.effect_class).as_str(),
+    });
+    if let Some(argument) = key_argument {
+        about[KEY_ARGUMENT] = json!(argument);
+        about["deduplicates_by_key"] = json!(contract.deduplicates());
+    }
+    meta.insert(CONTRACT_META.into(), about);
     out.insert("_meta".into(), Value::Object(meta));
     out
 }
@@ -401,6 +478,65 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .contains("replays this answer")
+        );
+    }
+
+    fn contract(class: &str, deduplicates: bool) -> Contract {
+        let text = format!(
+            "name: pay\nversion: \"1\"\neffect_class: {class}\noperation_key:\n  supplied_by: application\n  scope: [tenant, workflow_id]\ninput_schema:\n  type: object\nrequest_fingerprint:\n  fields: [\"*\"]\ndownstream:\n  deduplicates_by_key: {deduplicates}\nretention:\n  record_ttl: 1d\n  tombstone_ttl: 1d\n  max_retry_window: 1d\n"
+        );
+        Contract::load(&text, "pay.yaml").unwrap()
+    }
+
+    #[test]
+    fn a_filled_key_argument_leaves_the_schema_and_is_named_for_the_model() {
+        let tool = map(json!({
+            "name": "pay",
+            "description": "Pays. Make a new idempotency_key for every request.",
+            "inputSchema": {"type": "object",
+                "properties": {"amount": {"type": "integer"}, "idempotency_key": {"type": "string"}},
+                "required": ["amount", "idempotency_key"]},
+        }));
+        let out = listed(&tool, &contract("key_based", true), Some("idempotency_key"));
+        assert_eq!(
+            out["inputSchema"],
+            json!({"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]})
+        );
+        let description = out["description"].as_str().unwrap();
+        assert!(description.starts_with("Pays."), "{description}");
+        assert!(
+            description.contains("idemgate fills `idempotency_key` with the operation's key"),
+            "{description}"
+        );
+        assert!(description.contains("treats this tool as one that changes something"));
+        assert_eq!(
+            out["_meta"][CONTRACT_META][KEY_ARGUMENT],
+            json!("idempotency_key")
+        );
+        let listing = Listing::new(vec![out]);
+        assert_eq!(
+            listing.key_argument("pay").as_deref(),
+            Some("idempotency_key")
+        );
+        assert_eq!(listing.key_argument("other"), None);
+        // Without a filled argument, the schema is the child's and nothing is said about it.
+        let plain = listed(&tool, &contract("key_based", false), None);
+        assert_eq!(plain["inputSchema"], tool["inputSchema"]);
+        assert!(
+            !plain["description"]
+                .as_str()
+                .unwrap()
+                .contains("idemgate fills")
+        );
+        // A tool its server marks (read-only: false) is not told it lacks the hint.
+        let mut marked = tool.clone();
+        marked.insert("annotations".into(), json!({"readOnlyHint": false}));
+        let marked = listed(&marked, &contract("key_based", false), None);
+        assert!(
+            !marked["description"]
+                .as_str()
+                .unwrap()
+                .contains("treats this tool")
         );
     }
 }

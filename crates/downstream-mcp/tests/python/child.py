@@ -34,6 +34,15 @@ Tools:
   - `logging/setLevel`, `resources/subscribe` and `resources/unsubscribe` answered, and every
     one received — and every read of `tickets://count` — appended to `<effects>.received` as
     `pid<TAB>method<TAB>level or uri`, so a test sees what each process was told, in order.
+- with `--pay`, tools that take an idempotency key, as payment servers' do, and deduplicate
+  on it: the ledger `<effects>.keys` holds one line per key ever seen (`key<TAB>answer`), and a
+  call under a key already there answers the stored answer and performs nothing.
+  - `pay(amount, idempotency_key)` and `charge(amount, idempotencyKey)` — one effect per new
+    key (`pay` or `charge` in the effects file). While `<effects>.lose` exists, the first call
+    deletes it, performs its effect, records its key, and SIGKILLs its own process before it
+    answers: the lost answer, with the effect committed.
+  - `lookup_payment(number)` — a read the server does not annotate (no readOnlyHint): counts
+    reads in `<effects>.reads`, no effect.
 A resource `tickets://count` and a prompt `triage` test the pass-through.
 """
 
@@ -51,6 +60,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--effects", required=True)
 parser.add_argument("--collide", action="store_true")
 parser.add_argument("--events", action="store_true")
+parser.add_argument("--pay", action="store_true")
 args = parser.parse_args()
 
 EFFECTS = Path(args.effects)
@@ -107,6 +117,41 @@ if args.collide:
     @server.tool(name="idemgate_operation_status", description="Collides with idemgate's tool.")
     def collide() -> str:
         return "collision"
+
+
+if args.pay:
+    import signal
+
+    def deduplicated(kind: str, amount: int, key: str) -> str:
+        ledger = Path(f"{EFFECTS}.keys")
+        seen = dict(l.split("\t", 1) for l in ledger.read_text().splitlines()) if ledger.exists() else {}
+        if key in seen:
+            return seen[key]
+        n = effect(kind, f"{amount}\t{key}")
+        answer = f"{kind} P-{n} of {amount} done"
+        with ledger.open("a") as f:
+            f.write(f"{key}\t{answer}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        lose = Path(f"{EFFECTS}.lose")
+        if lose.exists():
+            lose.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+
+    @server.tool(description="Pays an amount. Make a new idempotency_key for every request.")
+    def pay(amount: int, idempotency_key: str) -> str:
+        return deduplicated("pay", amount, idempotency_key)
+
+    @server.tool(description="Charges an amount, deduplicated on idempotencyKey.")
+    def charge(amount: int, idempotencyKey: str) -> str:  # noqa: N803 (the server's spelling)
+        return deduplicated("charge", amount, idempotencyKey)
+
+    @server.tool(description="Reads a payment.")
+    def lookup_payment(number: int) -> str:
+        with Path(f"{EFFECTS}.reads").open("a") as f:
+            f.write(f"{number}\n")
+        return f"payment P-{number}"
 
 
 if args.events:

@@ -797,3 +797,135 @@ async def test_a_host_on_the_stateless_revision_cannot_be_asked_and_the_child_ge
     assert "`sampling/createMessage` cannot be passed to it" in json.dumps(result.structured_content)
     assert asked == []
     assert world.effects("summary") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Children whose tools take an idempotency key (`child.py --pay`), and how tools are treated.
+
+def ledger_keys(world: World) -> list[str]:
+    ledger = Path(f"{world.effects_file}.keys")
+    return [l.split("\t", 1)[0] for l in ledger.read_text().splitlines()] if ledger.exists() else []
+
+
+@pytest.mark.parametrize("tool,argument", [("pay", "idempotency_key"), ("charge", "idempotencyKey")])
+async def test_a_key_argument_is_filled_hidden_and_a_lost_answer_is_resent_under_it(
+        world: World, tool: str, argument: str):
+    async with world.connect(child=("--pay",)) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}[tool]
+        # Hidden from the model: neither listed nor required; said in the description.
+        assert argument not in listed.input_schema.get("properties", {}), listed.input_schema
+        assert argument not in listed.input_schema.get("required", []), listed.input_schema
+        assert f"idemgate fills `{argument}`" in listed.description, listed.description
+        contract = listed.meta["io.idemgate/contract"]
+        assert contract["effect_class"] == "key_based"
+        assert contract["operation_key_argument"] == argument
+        assert contract["deduplicates_by_key"] is True
+        # The child commits the effect, records the key and is SIGKILLed before it answers.
+        Path(f"{world.effects_file}.lose").write_text("")
+        started_pid = world.child_pid()
+        step = meta("pay")
+        first = await client.call_tool(tool, {"amount": 500}, meta=step)
+        outcome = first.structured_content
+        # Resent under the same key to the restarted child, which recognises it.
+        assert outcome["status"] in ("applied", "replayed"), outcome
+        assert not first.is_error
+        assert f"{tool} P-1 of 500 done" in first.content[0].text
+        assert world.child_pid() != started_pid
+        assert not Path(f"{world.effects_file}.lose").exists()
+        # A repeat of the operation replays; a value the model sends for the argument anyway
+        # changes nothing.
+        again = await client.call_tool(tool, {"amount": 500, argument: "fresh-" + uuid.uuid4().hex},
+                                       meta=step)
+        assert again.structured_content["status"] == "replayed", again.structured_content
+        assert again.structured_content["operation_key"] == outcome["operation_key"]
+    assert len(world.effects(tool)) == 1
+    # The child saw one key, the operation's.
+    assert ledger_keys(world) == [outcome["operation_key"]]
+    assert world.records(tool) == [(tool, "applied")]
+
+
+async def test_a_model_that_makes_a_new_key_per_call_still_gets_one_effect(world: World):
+    # No _meta (the hosts people use): the session window names the operation from the model's
+    # arguments, and the key the server told it to make fresh every time is not among them.
+    async with world.connect(child=("--pay",)) as client:
+        statuses = []
+        for _ in range(3):
+            result = await client.call_tool("pay", {"amount": 70, "idempotency_key": uuid.uuid4().hex})
+            statuses.append(result.structured_content["status"])
+        assert statuses == ["applied", "replayed", "replayed"], statuses
+    assert len(world.effects("pay")) == 1
+    assert len(ledger_keys(world)) == 1
+
+
+async def test_an_unannotated_tool_says_it_is_treated_as_key_based_and_reads_mark_reads(world: World):
+    async with world.connect(child=("--pay",)) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        text = listed["lookup_payment"].description
+        assert text.startswith("Reads a payment.")
+        assert "treats this tool as one that changes something (key-based)" in text, text
+        assert "does not mark it read-only" in text and "replays the stored answer" in text, text
+        # Annotated tools are not told so.
+        assert "treats this tool" not in listed["get_ticket"].description
+        # As described: the second read inside the window is the first one's answer.
+        for _ in range(2):
+            await client.call_tool("lookup_payment", {"number": 3})
+    assert world.reads() == 1
+    # Marked a read: passed straight through every time, no record.
+    async with world.connect("--reads", "lookup_payment", child=("--pay",)) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert listed["lookup_payment"].meta["io.idemgate/contract"]["effect_class"] == "read"
+        assert "treats this tool" not in listed["lookup_payment"].description
+        for _ in range(2):
+            result = await client.call_tool("lookup_payment", {"number": 3})
+            assert result.structured_content["operation_key"] is None
+    assert world.reads() == 3
+    assert world.records("lookup_payment") == [("lookup_payment", "applied")]
+
+
+def test_wrap_list_prints_how_each_tool_is_treated_and_serves_nothing(world: World):
+    command = (PYTHON, str(CHILD), "--effects", str(world.effects_file), "--pay")
+    done = run_wrap(*command, extra=("--list", "--reads", "get_ticket,lookup_payment"),
+                    store=world.store, start_timeout="20s")
+    assert done.returncode == 0, done
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    assert done.stdout.splitlines()[0].endswith(": 8 tools"), done.stdout
+    assert "key_based: one effect per operation, a lost answer ends unknown (no readOnlyHint" \
+        in rows["create_ticket"], done.stdout
+    assert "read (--reads)" in rows["lookup_payment"], done.stdout
+    assert "read (--reads)" in rows["get_ticket"], done.stdout
+    assert "irreversible" in rows["purge_tickets"] and "destructiveHint" in rows["purge_tickets"]
+    assert "key_based and deduplicating: `idempotency_key` is filled with the operation key" in rows["pay"]
+    assert "`idempotencyKey` is filled" in rows["charge"]
+    assert not world.store.exists(), "--list opens no store"
+    assert world.effects() == []
+    # A tool --reads names that the child does not list is an error, naming what it lists.
+    done = run_wrap(*command, extra=("--list", "--reads", "lookup"), store=world.store,
+                    start_timeout="20s")
+    assert done.returncode == 2, done
+    assert "--reads names `lookup`" in done.stderr and "lookup_payment" in done.stderr, done.stderr
+
+
+async def test_a_hyphenated_idempotency_key_header_argument_is_filled_and_a_garbled_answer_resent(
+        world: World):
+    keyed = HERE / "keyed_child.py"
+    params = StdioServerParameters(
+        command=str(IDEMGATE),
+        args=["wrap", "--store", f"sqlite://{world.store}", "--call-timeout", "5s", "--",
+              PYTHON, str(keyed), "--effects", str(world.effects_file)],
+        env={"RUST_LOG": "warn", "PATH": os.environ["PATH"]})
+    Path(f"{world.effects_file}.garble").write_text("")
+    step = meta("refund")
+    async with Client(params) as client:
+        tool = {t.name: t for t in (await client.list_tools()).tools}["refund"]
+        assert "Idempotency-Key" not in tool.input_schema["properties"], tool.input_schema
+        assert tool.input_schema["required"] == ["payment_id", "amount"], tool.input_schema
+        first = await client.call_tool("refund", {"payment_id": "pay_9", "amount": 300}, meta=step)
+        # The child committed, then answered garbage: resent under the same key, it answers
+        # what it did.
+        assert first.structured_content["status"] in ("applied", "replayed"), first.structured_content
+        assert first.content[0].text == "refund R-1 of 300 on pay_9"
+        again = await client.call_tool("refund", {"payment_id": "pay_9", "amount": 300}, meta=step)
+        assert again.structured_content["status"] == "replayed", again.structured_content
+    assert len(world.effects("refund")) == 1
+    assert ledger_keys(world) == [first.structured_content["operation_key"]]
+    assert not Path(f"{world.effects_file}.garble").exists()
