@@ -141,6 +141,7 @@ interface NativeLocal {
     timeoutSeconds: number | null,
     perform: (argumentsJson: string, key: string) => Promise<string>,
     lookup: ((key: string) => Promise<string>) | null,
+    authorize: ((requestJson: string) => Promise<string>) | null,
   ): string[][];
   tools(): string[];
   invoke(tool: string, args: string, workflowId: string | null, stepId: string | null, wait: number | null): Promise<string>;
@@ -301,6 +302,20 @@ export interface Retention {
   lateArrival?: 'reject' | 'replay';
 }
 
+/**
+ * What a tool's `authorize` function decides on, before every effect and every replay (an
+ * idempotency hit is no bypass). Never the arguments: their fingerprint only.
+ */
+export interface AuthRequest {
+  tenant: string;
+  actor: string;
+  role: string;
+  tool: string;
+  operationKey: string | null;
+  fingerprint: string;
+  stage: 'before_effect' | 'before_replay';
+}
+
 /** A tool's contract, as options of `local.tool`. */
 export interface ToolOptions {
   /** Default `key_based`: the function passes the operation key to its system of record. */
@@ -310,6 +325,11 @@ export interface ToolOptions {
   version?: string;
   /** The receipt lookup by operation key: a `Receipt` when the effect exists, else null. */
   lookup?: (idempotencyKey: string) => Receipt | null | undefined | Promise<Receipt | null | undefined>;
+  /**
+   * The live authorization check: `true` allows, `false` denies, a string denies with that
+   * reason; a throw (or the timeout) fails closed — nothing runs, the caller may ask again.
+   */
+  authorize?: (request: AuthRequest) => boolean | string | Promise<boolean | string>;
   /** `always`, `never`, or `{ argument: [values that need an operator's approval] }`. */
   approval?: 'always' | 'never' | Record<string, unknown[]>;
   retention?: Retention;
@@ -516,8 +536,9 @@ export class Local {
     const where = `local.tool(${JSON.stringify(name)})`;
     if (typeof options !== 'object' || options === null) throw new IdemgateError(`${where}: options is an object`);
     if (typeof fn !== 'function') throw new IdemgateError(`${where}: the tool's function is missing`);
-    const { lookup } = options;
+    const { lookup, authorize } = options;
     if (lookup !== undefined && typeof lookup !== 'function') throw new IdemgateError(`${where}: lookup is a function`);
+    if (authorize !== undefined && typeof authorize !== 'function') throw new IdemgateError(`${where}: authorize is a function`);
     const timeoutMs = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
     if (timeoutMs !== null && (typeof timeoutMs !== 'number' || !(timeoutMs > 0))) {
       throw new IdemgateError(`${where}: timeoutMs is a number of ms above 0, or null`);
@@ -567,9 +588,43 @@ export class Local {
               return JSON.stringify(['unavailable', evidence(e)]);
             }
           };
+    const check =
+      authorize === undefined
+        ? null
+        : async (requestJson: string): Promise<string> => {
+            try {
+              const raw = JSON.parse(requestJson) as Record<string, string | null>;
+              const request: AuthRequest = {
+                tenant: String(raw.tenant),
+                actor: String(raw.actor),
+                role: String(raw.role),
+                tool: String(raw.tool),
+                operationKey: raw.operation_key ?? null,
+                fingerprint: String(raw.fingerprint),
+                stage: raw.stage === 'before_replay' ? 'before_replay' : 'before_effect',
+              };
+              const decide = (): unknown => authorize(request);
+              const run = request.operationKey === null ? null : callers.runner(request.operationKey);
+              const decided = await (run ? run(decide) : decide());
+              if (decided === true) return JSON.stringify(['allowed']);
+              if (decided === false) return JSON.stringify(['denied', `denied by the authorize function of ${name}`]);
+              if (typeof decided === 'string' && decided !== '') return JSON.stringify(['denied', decided]);
+              return JSON.stringify(['unavailable', `the authorize function of ${name} answered neither a boolean nor a reason`]);
+            } catch (e) {
+              return JSON.stringify(['unavailable', evidence(e)]);
+            }
+          };
     let findings: string[][];
     try {
-      findings = this.#native.register(name, spec, options.contract ?? null, timeoutMs === null ? null : timeoutMs / 1000, perform, find);
+      findings = this.#native.register(
+        name,
+        spec,
+        options.contract ?? null,
+        timeoutMs === null ? null : timeoutMs / 1000,
+        perform,
+        find,
+        check,
+      );
     } catch (e) {
       throw new IdemgateError(`${where}: ${(e as Error).message}`, { cause: e });
     }

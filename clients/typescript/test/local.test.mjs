@@ -302,6 +302,39 @@ describe('a tool in process', () => {
     assert.equal(ledger.effects.length, 2);
   });
 
+  test('authorize is asked before the effect and before every replay; a denial or a throw runs nothing', T, async () => {
+    const l = local();
+    const ledger = new Ledger();
+    const asked = [];
+    let allow = true;
+    const issue = refunds(l, ledger, {
+      authorize: (request) => {
+        asked.push([request.stage, request.operationKey, request.actor, request.fingerprint.startsWith('sha256:')]);
+        if (allow === 'throw') throw new Error('the policy service is down');
+        return allow ? true : 'refunds are frozen for this account';
+      },
+    });
+    const ids = { workflowId: 'run-16', stepId: 'refund' };
+    assert.equal((await issue({ order_id: 'pi_13', amount: 5 }, ids)).outcome, 'applied');
+    allow = false;
+    const denied = await issue({ order_id: 'pi_13', amount: 5 }, ids);
+    assert.equal(denied.outcome, 'rejected');
+    assert.equal(denied.code, 'forbidden');
+    assert.match(denied.message, /refunds are frozen/);
+    const fresh = await issue({ order_id: 'pi_14', amount: 5 }, { workflowId: 'run-17', stepId: 'refund' });
+    assert.equal(fresh.outcome, 'rejected');
+    allow = 'throw';
+    const closed = await issue({ order_id: 'pi_15', amount: 5 }, { workflowId: 'run-18', stepId: 'refund' });
+    assert.equal(closed.outcome, 'rejected');
+    assert.equal(closed.code, 'authorization_unavailable');
+    assert.deepEqual(asked.slice(0, 2), [
+      ['before_effect', 'acme:test:run-16:refund', 'local', true],
+      ['before_replay', 'acme:test:run-16:refund', 'local', true],
+    ]);
+    assert.equal(ledger.calls, 1);
+    assert.equal(ledger.effects.length, 1);
+  });
+
   test('bad input is refused with a message naming what is wrong, before anything is stored', T, async () => {
     assert.throws(() => new Local('mysql://x'), /sqlite:\/\/PATH or postgres/);
     assert.throws(() => new Local(sqliteStore(), { tenant: 'a:b' }), /tenant/);

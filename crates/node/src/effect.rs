@@ -1,5 +1,6 @@
-//! A tool's JavaScript functions as the engine's [`Downstream`]: the tool's function is
-//! `perform`, its optional lookup `lookup_receipt`.
+//! A tool's JavaScript functions as the engine's traits: the tool's function is its
+//! [`Downstream`]'s `perform`, its optional lookup `lookup_receipt`, and its optional `authorize`
+//! its [`Authorizer`].
 //!
 //! Nothing here decides anything about claims, fences, recovery or labels: each function's
 //! answer is classified into the engine's terms ([`EffectOutcome`], [`Lookup`]) and the engine
@@ -15,7 +16,10 @@
 
 use std::time::Duration;
 
-use idemgate_core::effect::{Downstream, EffectOutcome, EffectRequest, JobStatus, Lookup};
+use idemgate_core::effect::{
+    AuthRequest, AuthStage, Authorization, Authorizer, Downstream, EffectOutcome, EffectRequest,
+    JobStatus, Lookup,
+};
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::ErrorCode;
 use idemgate_core::record::{Receipt, Refusal};
@@ -38,6 +42,8 @@ pub type PerformFn = ThreadsafeFunction<
 >;
 /// The lookup adapter: `(operationKey) => Promise<answerJson>`.
 pub type LookupFn = ThreadsafeFunction<String, Promise<String>, String, Status, false, true>;
+/// The authorization adapter: `(requestJson) => Promise<answerJson>`.
+pub type AuthorizeFn = LookupFn;
 
 /// Why a call of a JavaScript function gave no answer: it may have run (it did not answer in
 /// time, or its promise broke in a way that does not say how far it got).
@@ -223,4 +229,59 @@ impl Downstream for JsEffect {
             JobStatus::Unavailable("in-process TypeScript tools have no job poller".into())
         })
     }
+}
+
+/// A tool's `authorize` function as its hook, asked before every effect and every replay. Its
+/// adapter answers `["allowed"]`, `["denied", reason]` or `["unavailable", reason]`; a hook
+/// that cannot answer (it threw, it timed out, the binding failed) fails closed.
+pub struct JsHook {
+    pub authorize: AuthorizeFn,
+    pub timeout: Option<Duration>,
+}
+
+impl Authorizer for JsHook {
+    fn authorize<'a>(&'a self, request: AuthRequest<'a>) -> BoxFuture<'a, Authorization> {
+        // Never the arguments: their fingerprint only, as for every hook.
+        let text = serde_json::json!({
+            "tenant": request.tenant,
+            "actor": request.actor,
+            "role": request.role,
+            "tool": request.tool,
+            "operation_key": request.key.map(|k| k.as_str()),
+            "fingerprint": request.fingerprint.as_str(),
+            "stage": match request.stage {
+                AuthStage::BeforeEffect => "before_effect",
+                AuthStage::BeforeReplay => "before_replay",
+            },
+        })
+        .to_string();
+        Box::pin(guarded(
+            async move {
+                let call = async {
+                    let promise = self.authorize.call_async_catch(text).await?;
+                    promise.await
+                };
+                match answer(call, self.timeout).await {
+                    Ok(items) => {
+                        let why = text_at(&items, 1);
+                        match items.first().and_then(Value::as_str).unwrap_or_default() {
+                            "allowed" => Authorization::Allowed,
+                            "denied" => {
+                                Authorization::Denied(why.unwrap_or_else(|| "denied".into()))
+                            }
+                            other => {
+                                Authorization::Unavailable(why.unwrap_or_else(|| other.into()))
+                            }
+                        }
+                    }
+                    Err(why) => Authorization::Unavailable(why),
+                }
+            },
+            Authorization::Unavailable,
+        ))
+    }
+}
+
+fn text_at(items: &[Value], i: usize) -> Option<String> {
+    text(items.get(i))
 }

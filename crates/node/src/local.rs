@@ -25,7 +25,7 @@ use napi::{Env, Error, Status};
 use napi_derive::napi;
 use serde_json::{Value, json};
 
-use crate::effect::{JsEffect, LookupFn, PerformFn};
+use crate::effect::{AuthorizeFn, JsEffect, JsHook, LookupFn, PerformFn};
 use crate::runtime::{self, promise};
 use crate::spec;
 
@@ -214,9 +214,10 @@ impl NativeLocal {
     }
 
     /// Registers a tool: its contract (the options shaped as a contract, as JSON, or the path of
-    /// a contract file) and its adapters. Answers the linter's findings on a file, each
+    /// a contract file) and its adapters (the function, the lookup, the authorization hook). Answers the linter's findings on a file, each
     /// `[level, rule, field, reason]`.
     #[napi]
+    #[allow(clippy::too_many_arguments)] // the tool's parts, one each
     pub fn register(
         &self,
         name: String,
@@ -225,6 +226,7 @@ impl NativeLocal {
         timeout_seconds: Option<f64>,
         perform: PerformFn,
         lookup: Option<LookupFn>,
+        authorize: Option<AuthorizeFn>,
     ) -> napi::Result<Vec<Vec<String>>> {
         let app = self.app()?;
         if app.tools().get(&name).is_some() {
@@ -271,7 +273,10 @@ impl NativeLocal {
                 lookup,
                 timeout,
             }),
-            authorizer: None,
+            authorizer: authorize.map(|authorize| {
+                Arc::new(JsHook { authorize, timeout })
+                    as Arc<dyn idemgate_core::effect::Authorizer>
+            }),
         });
         Ok(findings
             .into_iter()
