@@ -14,8 +14,8 @@ bounded by `--seconds`; the three take turns, `--rounds` times, and the ratios a
 each round (the machine's load moves between rounds). Every answer is checked and every effect
 counted on the function's side (one per unique key, none for a replay); a wrong count fails the
 run. Then the ratios are printed against the issue's targets. `--memory N` adds one in-process
-run of N calls on 8 threads (`--memory-unique` new keys, then replays of them), its RSS sampled
-every half second.
+run of N calls on 8 threads (`--memory-unique` new keys, then replays of them round and round),
+its RSS sampled every half second.
 
     python bench/side_by_side.py --rust-bench PATH [--calls 4000] [--replays 20000] [--seconds 10] [--rounds 3]
         [--memory 1000000 --memory-unique 20000]
@@ -70,17 +70,21 @@ def phase(name: str, call: Callable[[str], None], keys: list[str], threads: int,
     return done
 
 
-def replay_without_lists(call: Callable[[str], None], keys: list[str], calls: int, threads: int, seconds: float) -> int:
-    """`calls` calls of `call` over `keys` round and round, on `threads` threads, until done or
-    the deadline; prints the phase's line and answers how many were made."""
+def calls_without_lists(
+    name: str, call: Callable[[int], None], first: int, calls: int, threads: int, seconds: float
+) -> int:
+    """`call(i)` for i in first .. first+calls on `threads` threads (thread t takes every T-th),
+    until done or the deadline, keeping nothing per call; prints the phase's line and answers
+    how many calls were made. A phase cut by the deadline leaves holes, so a unique phase is
+    only followed by replays when it finished."""
     deadline = time.perf_counter() + seconds
     counts = [0] * threads
 
     def worker(t: int) -> None:
-        for i in range(t, calls, threads):
-            if i % 256 == t and time.perf_counter() > deadline:
+        for i in range(first + t, first + calls, threads):
+            if counts[t] % 256 == 0 and time.perf_counter() > deadline:
                 break
-            call(keys[i % len(keys)])
+            call(i)
             counts[t] += 1
 
     began = time.perf_counter()
@@ -90,7 +94,7 @@ def replay_without_lists(call: Callable[[str], None], keys: list[str], calls: in
     for p in pool:
         p.join()
     secs = time.perf_counter() - began
-    print(f"memory-replay/{threads},{sum(counts)},{secs:.3f},{sum(counts) / secs:.0f}", flush=True)
+    print(f"{name},{sum(counts)},{secs:.3f},{sum(counts) / secs:.0f}", flush=True)
     return sum(counts)
 
 
@@ -145,7 +149,26 @@ def run_local(calls: int, replays: int, seconds: float, memory: int, memory_uniq
 
         if memory:
             # `memory` calls on 8 threads: `memory_unique` new keys, then replays of them round
-            # and round; the RSS sampled every half second by a thread of its own.
+            # and round; the RSS sampled every half second by a thread of its own. Nothing here
+            # keeps an entry per call or per key beyond one byte (the effects, counted by the
+            # argument `n`), so what the RSS shows is the engine's and the interpreter's.
+            ledger = bytearray(memory_unique)
+
+            @local.tool("bench.memory", fingerprint=["n"])
+            def counted(n: int) -> dict[str, int]:
+                with lock:  # the effect
+                    ledger[n] += 1
+                return {"n": n}
+
+            def call_n(expect: str) -> Callable[[int], None]:
+                def one(i: int) -> None:
+                    n = i % memory_unique
+                    outcome = counted.invoke({"n": n}, workflow_id=f"{run}-mem", step_id=str(n))
+                    if outcome.label != expect:
+                        raise SystemExit(f"memory call {n}: {outcome!r}, not {expect}")
+
+                return one
+
             samples: list[tuple[float, float]] = []
             stop = threading.Event()
             began = time.perf_counter()
@@ -157,25 +180,23 @@ def run_local(calls: int, replays: int, seconds: float, memory: int, memory_uniq
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             samples.append((0.0, rss_mb()))
-            keys = [f"{run}-mem/{i}" for i in range(memory_unique)]
-            made = phase("memory-unique/8", call("applied"), keys, 8, 10 * seconds)
-            # The replays keep nothing per call (no list of keys to call or of calls made), so
-            # what the RSS shows is the engine's and the interpreter's, not this harness's.
-            done = replay_without_lists(call("replayed"), made, memory - len(made), 8, 30 * seconds)
+            made = calls_without_lists("memory-unique/8", call_n("applied"), 0, memory_unique, 8, 20 * seconds)
+            unique_rss = rss_mb()
+            done = calls_without_lists(
+                "memory-replay/8", call_n("replayed"), 0, memory - made, 8, 30 * seconds
+            ) if made == memory_unique else 0
             stop.set()
             sampler.join()
             samples.append((time.perf_counter() - began, rss_mb()))
-            calls_made = len(made) + done
             tenth = max(1, len(samples) // 10)
             print("# memory: seconds:rss_mb " + " ".join(f"{t:.0f}:{mb:.1f}" for t, mb in samples[::tenth] + samples[-1:]))
             rss = [mb for _, mb in samples]
             print(
-                f"# memory: {calls_made} calls ({len(made)} unique) in {samples[-1][0]:.0f} s; "
-                f"RSS first {rss[0]:.1f} MB, max {max(rss):.1f} MB, last {rss[-1]:.1f} MB; "
-                f"effects={sum(effects.values())}"
+                f"# memory: {made + done} calls ({made} unique) in {samples[-1][0]:.0f} s; RSS first "
+                f"{rss[0]:.1f} MB, after the unique keys {unique_rss:.1f} MB, max {max(rss):.1f} MB, "
+                f"last {rss[-1]:.1f} MB; effects={sum(ledger)}"
             )
-            wrong = sum(1 for k in made if effects[f"default:development:{k.replace('/', ':')}"] != 1)
-            if wrong or sum(effects.values()) != unique_calls + len(made):
+            if any(count != 1 for count in ledger[:made]) or sum(ledger) != made:
                 raise SystemExit("idemgate-local: not exactly one effect per unique call in the memory run")
 
 
