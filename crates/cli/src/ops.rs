@@ -1013,6 +1013,18 @@ impl Action {
 }
 
 /// Whether two reads of an operation show the same state: nothing was written in between.
+/// The evidence that settled an operation, when its newest event is the actor `evidence`'s
+/// settlement (only an `unknown` operation is ever settled that way).
+fn settled_by_evidence(view: &OperationView) -> Option<String> {
+    let last = view.events.last()?;
+    let settled = matches!(
+        view.record.record_status.as_str(),
+        "applied" | "failed_permanent"
+    );
+    (settled && last.kind == "reconciled" && last.worker == "evidence")
+        .then(|| last.detail.clone().unwrap_or_default())
+}
+
 fn unchanged(before: &OperationView, after: &OperationView) -> bool {
     before.record == after.record && before.events.len() == after.events.len()
 }
@@ -1025,7 +1037,24 @@ async fn act(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     // Read first: a key that is missing or another tenant's is refused before anything is sent.
-    let (before, _) = client.get_operation(key).await?;
+    let (before, before_raw) = client.get_operation(key).await?;
+    // A status read of an `unknown` operation looks its receipt up too (later evidence settles
+    // it, as the actor `evidence`): when that read just settled it, the lookup asked for is done.
+    if action == Action::Lookup
+        && let Some(settled) = settled_by_evidence(&before)
+    {
+        if json {
+            println!("{before_raw}");
+        } else {
+            println!("{key}: unknown -> {}", before.record.record_status);
+            if let Some(r) = &before.receipt {
+                println!("  receipt: reference {}, result {}", r.reference, r.result);
+            }
+            println!("  settled by evidence when read: {settled}");
+            println!("a caller gets now: {}", describe_outcome(&before.outcome));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Action::ResolveNotApplied { confirmed } = action
         && !confirmed
     {
