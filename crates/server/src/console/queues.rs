@@ -178,6 +178,8 @@ struct Row {
     href: String,
     key: String,
     tool: String,
+    /// Shown on one line: a dated version never wraps mid-date.
+    version: String,
     status: String,
     since: When,
     created: When,
@@ -282,7 +284,8 @@ pub async fn page(
         rows.push(Row {
             href: view::operation_href(record.key.as_str()),
             key: record.key.to_string(),
-            tool: format!("{} {}", record.tool, record.tool_version),
+            tool: record.tool.clone(),
+            version: record.tool_version.clone(),
             status: record.status().as_str().to_string(),
             since: When::of(record.updated_at, now),
             created: When::of(record.created_at, now),

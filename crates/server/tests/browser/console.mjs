@@ -267,6 +267,15 @@ try {
   await page.goto(`${gate.url}/console?queue=approval`);
   await page.locator(`tr[data-key=\"${ticketKey}\"]`).waitFor();
   await snap(page, 'queue-approval');
+  // A narrow window: the dated versions in the queue stay on one line each.
+  await page.setViewportSize({ width: 380, height: 900 });
+  const wrapped = await page.evaluate(() =>
+    [...document.querySelectorAll('tr .version')].filter((v) => v.getClientRects().length !== 1).map((v) => v.textContent),
+  );
+  assert.ok((await page.locator('tr .version').count()) > 0, 'the queue shows versions');
+  assert.deepEqual(wrapped, [], 'no version wraps in the queue');
+  await snap(page, 'queue-approval-narrow');
+  await page.setViewportSize({ width: 1280, height: 900 });
   await Promise.all([page.waitForURL(/\/console\/operations\//), page.locator(`tr[data-key=\"${ticketKey}\"]`).locator('a').click()]);
   assert.equal(await page.textContent('#record-status'), 'awaiting_approval');
   // The contract's owner and runbook link, and the dated version on one line.
