@@ -29,6 +29,7 @@
 pub mod assembly;
 pub mod config;
 pub mod contracts;
+pub mod in_process;
 pub mod operations;
 pub mod tools;
 
