@@ -23,6 +23,7 @@ const ROOTS: &[&str] = &[
     "examples/",
     "fuzz/",
     ".ci/",
+    ".config/",
 ];
 
 /// Endings that make a span a file name, so one that resolves nowhere is a stale path rather
