@@ -4,6 +4,8 @@
 // scripts/bench-local-ts runs it beside the Rust library path; release builds only.
 //
 //   node bench/local-calls.mjs [--seconds S] [--warmup S] [--clients 1,8] [--only inproc|http]
+//       [--face NAME] [--package DIR]   (the in-process lines' name, `inproc` unless given; the
+//       package's directory, this one unless given)
 //
 // The gateway is IDEMGATE_BIN (release) with contracts/tickets.create.yaml and the in-process
 // sandbox downstream (it answers at once); the in-process tool is a no-op function returning
@@ -16,10 +18,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-
-import { Client } from 'idemgate';
-import { Local } from 'idemgate/local';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const argv = process.argv.slice(2);
 const flag = (name, fallback) => {
@@ -30,6 +29,12 @@ const seconds = Number(flag('--seconds', '5'));
 const warmup = Number(flag('--warmup', '1'));
 const clients = flag('--clients', '1,8').split(',').map(Number);
 const only = flag('--only', null);
+// The in-process lines' name, and the package they run: another build of the package (its
+// dist/ and native/ built) is measured as `--package DIR --face before`.
+const face = flag('--face', 'inproc');
+const pkg = flag('--package', null);
+const { Client } = await (pkg ? import(pathToFileURL(join(pkg, 'dist', 'index.js')).href) : import('idemgate'));
+const { Local } = await (pkg ? import(pathToFileURL(join(pkg, 'dist', 'local.js')).href) : import('idemgate/local'));
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'idemgate-bench-ts-'));
 process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
@@ -82,7 +87,7 @@ async function inProcess() {
   let unique = 0;
   await noop({ n: 0 }, { workflowId: 'replay', stepId: 's' });
   effects = 0;
-  await measure('inproc', async (mode, tag, w, i) => {
+  await measure(face, async (mode, tag, w, i) => {
     const o =
       mode === 'unique'
         ? await noop({ n: i }, { workflowId: `${tag}-${w}-${i}`, stepId: 's' })
@@ -92,7 +97,7 @@ async function inProcess() {
   });
   await local.close();
   if (effects !== unique) throw new Error(`effects ${effects} != unique calls ${unique}`);
-  console.log(`inproc effects=${effects} unique_calls=${unique}`);
+  console.log(`${face} effects=${effects} unique_calls=${unique}`);
 }
 
 async function throughGateway() {

@@ -19,13 +19,13 @@ import {
   workflow,
 } from 'idemgate/local';
 
-import { FileLedger, Ledger, T, sqliteStore, tempDir, worker } from './support/local-support.mjs';
+import { FileLedger, Ledger, T, lockSqlite, sqliteStore, tempDir, worker } from './support/local-support.mjs';
 import { open, register } from './support/local-worker.mjs';
 
 const opened = [];
-/** A Local over a fresh SQLite store, closed after the file's tests. */
-function local(options = {}) {
-  const l = new Local(sqliteStore(), { tenant: 'acme', environment: 'test', recover: false, ...options });
+/** A Local over `url` (a fresh SQLite store), closed after the file's tests. */
+function local(options = {}, url = sqliteStore()) {
+  const l = new Local(url, { tenant: 'acme', environment: 'test', recover: false, ...options });
   opened.push(l);
   return l;
 }
@@ -242,6 +242,42 @@ describe('a tool in process', () => {
     assert.equal(ledger.effects.length, 8);
   });
 
+  test('the event loop runs while many unique calls wait on a store another process locked', T, async () => {
+    const url = sqliteStore();
+    const l = local({}, url);
+    const ledger = new Ledger();
+    const issue = refunds(l, ledger);
+    // A replay first, so that the memory-only path is warm and answers on the loop's thread.
+    await issue({ order_id: 'pi_0', amount: 1 }, { workflowId: 'run-12', stepId: 'warm' });
+    const lock = await lockSqlite(url.slice('sqlite://'.length));
+    let ticks = 0;
+    const timer = setInterval(() => {
+      ticks += 1;
+    }, 10);
+    let settled = 0;
+    let calls;
+    try {
+      calls = Array.from({ length: 32 }, (_, i) =>
+        issue({ order_id: `pi_${i}`, amount: 1 }, { workflowId: 'run-12', stepId: `s${i}` }).finally(() => {
+          settled += 1;
+        }),
+      );
+      const replay = await issue({ order_id: 'pi_0', amount: 1 }, { workflowId: 'run-12', stepId: 'warm' });
+      assert.equal(replay.outcome, 'replayed');
+      await new Promise((r) => setTimeout(r, 400));
+      // Every claim needs the write lock: none can have been answered while it is held.
+      assert.equal(settled, 0, 'a call was answered while the store was locked');
+    } finally {
+      lock.release();
+      clearInterval(timer);
+    }
+    // 400 ms at 10 ms a tick: a loop blocked on the store would tick once or never.
+    assert.ok(ticks >= 10, `only ${ticks} ticks while 32 calls waited on the store`);
+    const outcomes = await Promise.all(calls);
+    assert.ok(outcomes.every((o) => o.outcome === 'applied'), outcomes.map((o) => o.outcome).join());
+    assert.equal(ledger.effects.length, 33);
+  });
+
   test('the operator reads, lists and resolves what the engine recorded', T, async () => {
     const l = local();
     const ledger = new Ledger();
@@ -412,6 +448,18 @@ describe('processes', () => {
       await l.close();
     }
     assert.equal(ledger.count(key), 1);
+  });
+
+  test('a panic on the memory-only replay path rejects the call and never crashes the process', T, async () => {
+    const store = sqliteStore();
+    const ledger = new FileLedger(join(tempDir(), 'ledger'));
+    const w = worker(['replay-panic', store, ledger.path, 'replay-panicked'], { IDEMGATE_NODE_TEST_PANIC: 'replay_from_memory' });
+    const line = JSON.parse(await w.line(30_000));
+    assert.deepEqual(await w.exited, { code: 0, signal: null }, w.stderr());
+    assert.equal(line.label, 'applied');
+    assert.match(line.again, /^rejected IdemgateError: .*failed internally: IDEMGATE_NODE_TEST_PANIC=replay_from_memory/);
+    assert.equal(line.alive, true);
+    assert.equal(ledger.count('acme:multi:replay-panicked:insert'), 1);
   });
 
   test('a panic in the engine around the function never crashes the process and is never a refusal', T, async () => {

@@ -273,6 +273,40 @@ impl App {
         }
     }
 
+    /// [`App::invoke`]'s answer when memory alone gives it: the replay of a settled record the
+    /// executor keeps, of a tool whose replays ask no hook
+    /// ([`Executor::replay_from_memory`]). `None` for anything else, which [`App::invoke`] then
+    /// delivers whole. Reads no store and spawns no task, so an in-process face calls it on the
+    /// caller's own thread first.
+    pub fn replay_from_memory(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        workflow_id: Option<&str>,
+        step_id: Option<&str>,
+        arguments: &Value,
+    ) -> Option<Outcome> {
+        let (Some(workflow_id), Some(step_id)) = (workflow_id, step_id) else {
+            return None;
+        };
+        for (name, part) in [("workflow_id", workflow_id), ("step_id", step_id)] {
+            check_part(name, part, self.key_part_bytes).ok()?;
+        }
+        let tool = self.tools.get(tool)?;
+        let operation = Operation {
+            caller: caller.clone(),
+            environment: self.environment.clone(),
+            workflow_id: Some(workflow_id.to_owned()),
+            step_id: Some(step_id.to_owned()),
+        };
+        self.executor.replay_from_memory(
+            &tool.contract,
+            &operation,
+            arguments,
+            tool.downstream.as_ref(),
+        )
+    }
+
     /// The machine's answer to a delivery a face refuses before the executor runs it (a body
     /// too large, malformed, or with members it does not take; a tool that is not served), once
     /// the delivery named its operation: the key is read, and the refusal says

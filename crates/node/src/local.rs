@@ -311,6 +311,22 @@ impl NativeLocal {
             return Err(invalid("arguments are a JSON object"));
         }
         let wait = wait.map(|w| seconds("wait", w)).transpose()?;
+        // A replay of a settled record kept in memory is answered here, on the event loop: the
+        // engine's memory-only path reads no store and asks no hook, so it cannot wait.
+        let now = runtime::settled_now(env, || {
+            let outcome = app.replay_from_memory(
+                &self.caller,
+                &tool,
+                workflow_id.as_deref(),
+                step_id.as_deref(),
+                &arguments,
+            )?;
+            runtime::test_panic("replay_from_memory");
+            Some(outcome_text(&outcome))
+        });
+        if let Some(settled) = now {
+            return settled;
+        }
         let caller = self.caller.clone();
         promise(env, async move {
             let outcome = app

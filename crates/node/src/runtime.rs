@@ -5,12 +5,17 @@
 //! process. Node's event loop never waits on it: each call of the engine returns a promise at
 //! once, and the engine's task resolves it through Node-API's deferred (a thread-safe call back
 //! onto the event loop) when it ends.
+//!
+//! A call that memory alone answers (a replay of a settled record, [`settled_now`]) does not
+//! go there and back: it runs on the event loop's thread, which it cannot block because it
+//! is not async (it has no store to wait on), and its promise is settled before it is
+//! returned. The hop to the runtime's threads and back was most of a replay's time.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
 
-use napi::bindgen_prelude::{Object, ToNapiValue};
+use napi::bindgen_prelude::{JsValue, Object, PromiseRaw, ToNapiValue};
 use napi::{Env, Error, Status};
 use tokio::runtime::Runtime;
 
@@ -64,6 +69,33 @@ where
         }
     });
     Ok(promise)
+}
+
+/// A promise settled now with what `answer` gives on this thread, or `None` when it gives
+/// nothing (the caller then goes to the runtime with [`promise`]). `answer` must not wait on
+/// anything: it runs on Node's event loop. A panic inside it rejects the promise; it never
+/// unwinds into Node.
+pub fn settled_now<'env, T: ToNapiValue>(
+    env: &'env Env,
+    answer: impl FnOnce() -> Option<T>,
+) -> Option<napi::Result<Object<'env>>> {
+    let settled = match std::panic::catch_unwind(AssertUnwindSafe(answer)) {
+        Ok(None) => return None,
+        Ok(Some(value)) => PromiseRaw::resolve(env, value),
+        Err(panic) => PromiseRaw::reject(env, internal(&*panic)),
+    };
+    Some(settled.map(|p| Object::from_raw(env.raw(), p.raw())))
+}
+
+/// Debug builds only: `IDEMGATE_NODE_TEST_PANIC=<point>` panics at that point of the binding,
+/// so the tests can prove a panic there never reaches Node. Release builds have no such hook.
+pub fn test_panic(point: &str) {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_NODE_TEST_PANIC").as_deref() == Ok(point) {
+        panic!("IDEMGATE_NODE_TEST_PANIC={point}");
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = point;
 }
 
 /// Awaits `future`, catching a panic raised while it is polled.

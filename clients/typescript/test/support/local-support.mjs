@@ -100,6 +100,37 @@ export function worker(args, env = {}) {
   };
 }
 
+const LOCK_SQLITE = `
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+`;
+
+/**
+ * Another process (python3's sqlite3) holding the write lock of the SQLite file at `path`,
+ * as a writer of another program would, until `release()`; resolves once the lock is held.
+ */
+export async function lockSqlite(path) {
+  const child = spawn(process.env.IDEMGATE_PYTHON3 || 'python3', ['-c', LOCK_SQLITE, path], {
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let err = '';
+  child.stderr.on('data', (d) => {
+    err += d;
+  });
+  await new Promise((resolve, reject) => {
+    child.on('error', reject);
+    child.on('exit', (code) => reject(new Error(`the locking process exited (${code}): ${err}`)));
+    child.stdout.on('data', (d) => {
+      if (String(d).includes('locked')) resolve();
+    });
+  });
+  return { release: () => child.stdin.end() };
+}
+
 /**
  * A fresh database on the PostgreSQL server DATABASE_URL names (created with psql), and the
  * function that drops it; null when DATABASE_URL is not set or psql is missing.

@@ -7,6 +7,11 @@
 //   node local-worker.mjs panic URL LEDGER WORKFLOW
 //       (run with IDEMGATE_NODE_TEST_PANIC=after_call) delivers one call, then a read of the
 //       store, and prints one JSON line: the outcome's label and the process still running.
+//   node local-worker.mjs replay-panic URL LEDGER WORKFLOW
+//       (run with IDEMGATE_NODE_TEST_PANIC=replay_from_memory) delivers one call, then the same
+//       call again, which the engine answers from memory on the event loop's thread and panics
+//       there; prints one JSON line: the first label, how the replay ended, and the process
+//       still running.
 //
 // Each function appends a line with its operation key to LEDGER (fsynced): the effects,
 // counted on the effect's own side.
@@ -62,6 +67,17 @@ async function main() {
     process.stdout.write(
       `${JSON.stringify({ label: outcome.outcome, again: again.outcome, listed: page.operations.length, alive: true })}\n`,
     );
+    await local.close();
+    return;
+  }
+  if (mode === 'replay-panic') {
+    const insert = register(local, ledger);
+    const outcome = await insert({ n: 1 }, { workflowId, stepId: 'insert' });
+    const again = await insert({ n: 1 }, { workflowId, stepId: 'insert' }).then(
+      (o) => `answered ${o.outcome}`,
+      (e) => `rejected ${e.constructor.name}: ${e.message}`,
+    );
+    process.stdout.write(`${JSON.stringify({ label: outcome.outcome, again, alive: true })}\n`);
     await local.close();
     return;
   }

@@ -71,6 +71,54 @@ impl Executor {
             .await
     }
 
+    /// A delivery that memory alone answers: the replay of a settled record this executor
+    /// keeps (the `settled` module), of a tool whose replays ask no hook. `None` when the
+    /// delivery needs anything more — a store read, a write, a hook, a refusal — and then
+    /// [`Executor::execute`] (or its detached form) runs it whole, from the start.
+    ///
+    /// Not async, on purpose: it reads no store and asks no hook, so a face may call it on a
+    /// thread that must never wait (Node's event loop, an interpreter holding its lock), and
+    /// spare a replay the hop to the runtime's threads and back.
+    pub fn replay_from_memory(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        arguments: &Value,
+        effect: &dyn Downstream,
+    ) -> Option<Outcome> {
+        // The cheap tests first: a unique key (most deliveries that are no replay) costs the
+        // key and one lookup in memory.
+        let keyed = matches!(
+            contract.effect_class,
+            EffectClass::NaturalIdempotent | EffectClass::KeyBased | EffectClass::Irreversible
+        );
+        if !keyed || (contract.recheck_authorization() && self.authorizer.asks(&contract.name)) {
+            return None;
+        }
+        let key = operation.key().ok()??;
+        let record = self.settled.get(&key, self.now())?;
+        // An older version's record compares under its own version: `existing` does that.
+        if record.tool_version != contract.version {
+            return None;
+        }
+        // The same checks, in the same order, as `deliver`: any refusal goes the long way.
+        contract.validate(arguments).ok()?;
+        let fingerprint = contract.fingerprint(arguments).ok()?;
+        effect.check(arguments).ok()?;
+        let Branch::Replay(outcome) = machine::branch(contract, &record, &fingerprint, self.now())
+        else {
+            return None;
+        };
+        let span = tracing::info_span!(
+            "delivery",
+            tool = contract.name.as_str(),
+            operation_key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        Some(self.observe(&contract.name, Some(&fingerprint), outcome))
+    }
+
     async fn deliver(
         &self,
         contract: &Contract,
