@@ -117,6 +117,34 @@ async fn one_step_is_one_effect_and_its_status_is_its_tenants_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_a_settled_record_is_answered_from_memory_and_nothing_else_is() {
+    let world = world().await;
+    let acme = caller("acme");
+    let memory = |tenant: &Caller, tool: &str, step: Option<&str>, arguments: &Value| {
+        world
+            .app
+            .replay_from_memory(tenant, tool, Some("run_m"), step, arguments)
+    };
+    // Nothing recorded yet: the delivery needs the store.
+    assert!(memory(&acme, "tickets.create", Some("s"), &ticket()).is_none());
+    let first = world
+        .call("acme", "tickets.create", "run_m", ticket())
+        .await;
+    assert_eq!(first, Status::Applied);
+    let replay = memory(&acme, "tickets.create", Some("s"), &ticket()).expect("kept in memory");
+    assert_eq!(replay.status, Status::Replayed, "{replay:?}");
+    // Changed arguments (a refusal), another tenant's key, no step, a tool not served: each goes
+    // the long way, through `invoke`.
+    let changed = json!({"subject": "Refund", "body": "Order 43 arrived broken."});
+    assert!(memory(&acme, "tickets.create", Some("s"), &changed).is_none());
+    assert!(memory(&caller("globex"), "tickets.create", Some("s"), &ticket()).is_none());
+    assert!(memory(&acme, "tickets.create", None, &ticket()).is_none());
+    assert!(memory(&acme, "tickets.missing", Some("s"), &ticket()).is_none());
+    let tickets = world.sandbox("tickets.create");
+    assert_eq!((tickets.effects(), tickets.calls()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_that_is_not_served_is_refused_before_anything_is_sent() {
     let world = world().await;
     let refused = world
