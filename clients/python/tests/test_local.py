@@ -325,6 +325,22 @@ def test_a_panic_in_the_binding_after_the_call_is_unknown_and_the_interpreter_li
     assert ledger.count() == 1 and len(ledger.calls) == 1
 
 
+def test_a_panic_on_the_memory_only_replay_path_is_an_exception_and_the_interpreter_lives_on(
+    local: idemgate.Local, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    issue_refund = refunds(local, ledger)
+    with idemgate.workflow("run-15m"), idemgate.step("refund"):
+        first = issue_refund(order_id="pi", amount=1)
+        monkeypatch.setenv("IDEMGATE_PY_TEST_PANIC", "replay_from_memory")
+        with pytest.raises(RuntimeError, match="failed internally"):
+            issue_refund(order_id="pi", amount=1)
+        monkeypatch.delenv("IDEMGATE_PY_TEST_PANIC")
+        again = issue_refund(order_id="pi", amount=1)
+    assert isinstance(first, idemgate.Applied), first
+    assert isinstance(again, idemgate.Replayed), again
+    assert ledger.count() == 1 and len(ledger.calls) == 1
+
+
 def test_sixteen_threads_on_one_step_make_one_effect(local: idemgate.Local, ledger: Ledger) -> None:
     @local.tool("refunds.issue", fingerprint=["order_id"])
     def issue_refund(order_id: str, *, idempotency_key: str) -> idemgate.Receipt:

@@ -9,6 +9,7 @@
 //! ([`runtime::awaitable`]); the operator's calls are the same code either way.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -210,6 +211,31 @@ impl NativeLocal {
     }
 }
 
+/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=replay_from_memory` panics on the memory-only
+/// replay path, so the tests can prove a panic there is an exception and never reaches the
+/// interpreter. Release builds have no such hook.
+fn test_panic_in_replay() {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok("replay_from_memory") {
+        panic!("IDEMGATE_PY_TEST_PANIC=replay_from_memory");
+    }
+}
+
+/// An outcome known now: the tuple itself, or for asyncio a future already done with it.
+fn answered<'py>(
+    py: Python<'py>,
+    asynchronous: bool,
+    outcome: &Outcome,
+) -> PyResult<Bound<'py, PyAny>> {
+    let answer = outcome_tuple(py, outcome)?.into_bound(py);
+    if !asynchronous {
+        return Ok(answer);
+    }
+    let future = pyo3_async_runtimes::get_running_loop(py)?.call_method0("create_future")?;
+    future.call_method1("set_result", (answer,))?;
+    Ok(future)
+}
+
 /// `future` waited for here (lock released), or handed to asyncio.
 fn run<'py, F>(py: Python<'py>, asynchronous: bool, future: F) -> PyResult<Bound<'py, PyAny>>
 where
@@ -405,6 +431,26 @@ impl NativeLocal {
             members.insert(name, converted);
         }
         let wait = wait.map(|w| seconds("wait", w)).transpose()?;
+        let arguments = Value::Object(members);
+        // A replay the engine's memory answers is answered here, holding the interpreter lock
+        // for the few microseconds it takes: that path reads no store and asks no hook, so it
+        // never waits, and the runtime's threads (and the lock's release and retaking) are
+        // spared. Anything else goes to the runtime below, with the lock released.
+        let now = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let outcome = app.replay_from_memory(
+                &self.caller,
+                &tool,
+                workflow_id.as_deref(),
+                step_id.as_deref(),
+                &arguments,
+            )?;
+            test_panic_in_replay();
+            Some(outcome)
+        }))
+        .map_err(|panic| runtime::internal(&*panic))?;
+        if let Some(outcome) = now {
+            return answered(py, asynchronous, &outcome);
+        }
         let key = match (&workflow_id, &step_id) {
             (Some(w), Some(s)) => {
                 OperationKey::new(&self.caller.tenant, app.environment(), w, s).ok()
@@ -432,7 +478,6 @@ impl NativeLocal {
             None => None,
         };
         let caller = self.caller.clone();
-        let arguments = Value::Object(members);
         self.outcome(py, asynchronous, async move {
             // Held until the answer: the tool's function runs in this caller's context.
             let _waiting = waiting;
