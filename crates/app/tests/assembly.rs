@@ -409,39 +409,27 @@ async fn operator_answers_read_another_tenants_operation_as_not_found() {
         other => panic!("{other:?}"),
     };
     let globex = operator("globex");
-    not_found(world.app.operation_view(&globex, k).await.map(|_| ()));
-    not_found(
-        world
-            .app
-            .operation_view(&acme, "acme:test:run_9:s")
-            .await
-            .map(|_| ()),
-    );
-    not_found(
-        world
-            .app
-            .operation_view(&acme, "not a key")
-            .await
-            .map(|_| ()),
-    );
-    not_found(
-        world
-            .app
-            .deny_request(&globex, k, DenyRequest::default())
-            .await
-            .map(|_| ()),
-    );
     let approve = |fingerprint: Option<&str>| ApproveRequest {
         fingerprint: fingerprint.map(str::to_string),
         reason: Some("checked".into()),
     };
-    not_found(
-        world
-            .app
-            .approve_request(&globex, k, approve(None))
+    let app = &world.app;
+    let missing = [
+        app.operation_view(&globex, k).await.map(drop),
+        app.operation_view(&acme, "acme:test:run_9:s")
             .await
-            .map(|_| ()),
-    );
+            .map(drop),
+        app.operation_view(&acme, "not a key").await.map(drop),
+        app.deny_request(&globex, k, DenyRequest::default())
+            .await
+            .map(drop),
+        app.approve_request(&globex, k, approve(None))
+            .await
+            .map(drop),
+    ];
+    for answer in missing {
+        not_found(answer);
+    }
 
     let listed = |scope| world.app.operation_list(scope, ListQuery::default());
     let keys = |list: idemgate_app::views::OperationList| -> Vec<String> {
