@@ -81,6 +81,32 @@ export class Refused extends Error {
   }
 }
 
+/**
+ * What a tool's function returns when the downstream accepted an asynchronous job: the
+ * operation stays in flight (`in_flight`, `poll`) with the job, and the tool's `poll` function
+ * finishes it. The tool needs the `poll` option (its contract declares `async_jobs`).
+ */
+export class Job {
+  readonly jobId: string;
+  /** `jobId`: the downstream's id of the job, what `poll` is asked about. */
+  constructor(jobId: string) {
+    this.jobId = jobId;
+  }
+}
+
+/**
+ * Thrown by a tool's `poll` function when the downstream no longer knows the job: its outcome
+ * cannot be proved, so the operation ends `unknown` for an operator.
+ */
+export class JobGone extends Error {
+  readonly reason: string;
+  constructor(reason = 'the job is no longer known') {
+    super(reason);
+    this.name = 'JobGone';
+    this.reason = reason;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Identity: the workflow run and step, from the application's own state.
 
@@ -141,6 +167,7 @@ interface NativeLocal {
     timeoutSeconds: number | null,
     perform: (argumentsJson: string, key: string) => Promise<string>,
     lookup: ((key: string) => Promise<string>) | null,
+    poll: ((jobId: string, key: string) => Promise<string>) | null,
     authorize: ((requestJson: string) => Promise<string>) | null,
   ): string[][];
   tools(): string[];
@@ -216,10 +243,15 @@ function evidence(error: unknown): string {
   return described.slice(0, MAX_EVIDENCE);
 }
 
+/** A refusal as its message: `code: message`, or the code alone. */
+function refusal(error: Refused): string {
+  return error.message ? `${error.code}: ${error.message}` : error.code;
+}
+
 /** What a function's exception says. */
 function raised(tool: string, error: unknown): unknown[] {
   if (error instanceof NotSent) return ['not_sent', error.reason, error.retryAfter];
-  if (error instanceof Refused) return ['refused', error.message ? `${error.code}: ${error.message}` : error.code];
+  if (error instanceof Refused) return ['refused', refusal(error)];
   process.emitWarning(
     `idemgate: tool ${tool} threw ${evidence(error)}; the effect may have happened, so the engine ` +
       'recovers it by its lookup or leaves it unknown',
@@ -239,16 +271,31 @@ function json(value: unknown): string | null {
 
 /** The answer for what a function returned. */
 function answerOf(tool: string, value: unknown): string {
+  // A Job's id is the engine's to check (one without an id is ambiguous there), as is whether
+  // the contract declares jobs at all.
   const answer =
-    value instanceof Receipt
-      ? typeof value.reference === 'string' && value.reference !== ''
-        ? ['committed', value.reference, value.result ?? null]
-        : ['ambiguous', `tool ${tool} returned a Receipt without a reference (a non-empty string); the effect may have happened`]
-      : ['committed', null, value === undefined ? null : value];
+    value instanceof Job
+      ? ['job', typeof value.jobId === 'string' ? value.jobId : null]
+      : value instanceof Receipt
+        ? typeof value.reference === 'string' && value.reference !== ''
+          ? ['committed', value.reference, value.result ?? null]
+          : ['ambiguous', `tool ${tool} returned a Receipt without a reference (a non-empty string); the effect may have happened`]
+        : ['committed', null, value === undefined ? null : value];
   return (
     json(answer) ??
     JSON.stringify(['ambiguous', `tool ${tool} returned a result that is not JSON; the effect may have happened`])
   );
+}
+
+/**
+ * The answer `[kind, reference, result]` for the receipt a lookup or job poller returned; when
+ * it returned something else, `unavailable`: it could not tell, which is never "not found".
+ */
+function receiptAnswer(kind: string, value: unknown, whose: string): string {
+  if (value instanceof Receipt && typeof value.reference === 'string' && value.reference !== '') {
+    return json([kind, value.reference, value.result ?? null]) ?? JSON.stringify(['unavailable', `${whose} returned a result that is not JSON`]);
+  }
+  return JSON.stringify(['unavailable', `${whose} returned neither a Receipt with a reference nor null`]);
 }
 
 /** Runs `fn` in the async context of the caller waiting for `key`, when one is. */
@@ -329,6 +376,12 @@ export interface ToolOptions {
   version?: string;
   /** The receipt lookup by operation key: a `Receipt` when the effect exists, else null. */
   lookup?: (idempotencyKey: string) => Receipt | null | undefined | Promise<Receipt | null | undefined>;
+  /**
+   * The job poller, for a function that returns `new Job(jobId)`: a `Receipt` when the job is
+   * done, null while it runs; it throws `Refused` when the job failed and `JobGone` when the
+   * downstream no longer knows it. Anything else it throws says nothing: the job stays in flight.
+   */
+  poll?: (jobId: string, context: ToolContext) => Receipt | null | undefined | Promise<Receipt | null | undefined>;
   /**
    * The live authorization check: `true` allows, `false` denies, a string denies with that
    * reason; a throw (or the timeout) fails closed — nothing runs, the caller may ask again.
@@ -437,7 +490,7 @@ function specOf(name: string, options: ToolOptions): Record<string, unknown> {
     downstream: {
       deduplicates_by_key: options.deduplicatesByKey === true,
       receipt_lookup: options.lookup !== undefined,
-      async_jobs: false,
+      async_jobs: options.poll !== undefined,
     },
     security,
   };
@@ -528,8 +581,9 @@ export class Local {
   /**
    * Registers `fn` as the effect of the tool `name` and returns it guarded. `fn` receives the
    * arguments and `{ idempotencyKey }` (the operation key, to pass to the system of record); it
-   * returns a `Receipt` (or a JSON value, kept as the result), throws `NotSent` when it provably
-   * sent nothing, `Refused` for a deterministic refusal. Anything else it throws, and a timeout,
+   * returns a `Receipt` (or a JSON value, kept as the result) or, with the `poll` option, a `Job`;
+   * it throws `NotSent` when it provably sent nothing, `Refused` for a deterministic refusal.
+   * Anything else it throws, and a timeout,
    * is ambiguous: the engine recovers by the lookup or answers `unknown`, and never calls it
    * again for the operation.
    */
@@ -540,8 +594,9 @@ export class Local {
     const where = `local.tool(${JSON.stringify(name)})`;
     if (typeof options !== 'object' || options === null) throw new IdemgateError(`${where}: options is an object`);
     if (typeof fn !== 'function') throw new IdemgateError(`${where}: the tool's function is missing`);
-    const { lookup, authorize } = options;
+    const { lookup, poll, authorize } = options;
     if (lookup !== undefined && typeof lookup !== 'function') throw new IdemgateError(`${where}: lookup is a function`);
+    if (poll !== undefined && typeof poll !== 'function') throw new IdemgateError(`${where}: poll is a function`);
     if (authorize !== undefined && typeof authorize !== 'function') throw new IdemgateError(`${where}: authorize is a function`);
     const timeoutMs = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
     if (timeoutMs !== null && (typeof timeoutMs !== 'number' || !(timeoutMs > 0))) {
@@ -584,13 +639,25 @@ export class Local {
             try {
               const found = await lookup(key);
               if (found === null || found === undefined) return JSON.stringify(['not_found']);
-              if (found instanceof Receipt && typeof found.reference === 'string' && found.reference !== '') {
-                return json(['found', found.reference, found.result ?? null]) ?? JSON.stringify(['unavailable', 'the lookup returned a result that is not JSON']);
-              }
-              return JSON.stringify(['unavailable', 'the lookup returned neither a Receipt with a reference nor null']);
+              return receiptAnswer('found', found, 'the lookup');
             } catch (e) {
               return JSON.stringify(['unavailable', evidence(e)]);
             }
+          };
+    const follow =
+      poll === undefined
+        ? null
+        : async (jobId: string, key: string): Promise<string> => {
+            let polled: unknown;
+            try {
+              polled = await poll(jobId, { idempotencyKey: key });
+            } catch (e) {
+              if (e instanceof Refused) return JSON.stringify(['failed', refusal(e)]);
+              if (e instanceof JobGone) return JSON.stringify(['gone', e.reason]);
+              return JSON.stringify(['unavailable', evidence(e)]);
+            }
+            if (polled === null || polled === undefined) return JSON.stringify(['running']);
+            return receiptAnswer('done', polled, 'the job poller');
           };
     const check =
       authorize === undefined
@@ -627,6 +694,7 @@ export class Local {
         timeoutMs === null ? null : timeoutMs / 1000,
         perform,
         find,
+        follow,
         check,
       );
     } catch (e) {

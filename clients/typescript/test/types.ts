@@ -4,7 +4,7 @@
 import { Client, type Outcome, RejectedError, describeOutcome } from 'idemgate';
 import { idemgateTool, type ModelResult } from 'idemgate/ai';
 import type { Tool } from 'ai';
-import { Local, Receipt, NotSent, step, workflow } from 'idemgate/local';
+import { Job, JobGone, Local, Receipt, NotSent, Refused, step, workflow } from 'idemgate/local';
 
 declare const client: Client;
 
@@ -68,3 +68,20 @@ export async function inProcess(): Promise<string> {
   const same: Outcome = await local.invoke('refunds.issue', { orderId: 'pi_42', amount: 1200 }, { workflowId: 'run_1', stepId: 'refund' });
   return o.outcome === 'applied' || same.outcome === 'replayed' ? 'done' : 'other';
 }
+
+// A job: the function returns a Job, the poller a Receipt (done) or null (running), or throws.
+export const generateReport = local.tool(
+  'reports.generate',
+  {
+    fingerprint: ['period'],
+    poll: async (jobId: string, { idempotencyKey }) => {
+      if (jobId === 'lost') throw new JobGone(`no job for ${idempotencyKey}`);
+      if (jobId === 'failed') throw new Refused('period_closed');
+      return jobId === 'done' ? new Receipt(`report-${jobId}`) : null;
+    },
+  },
+  async (args: { period: string }) => new Job(`job-${args.period}`),
+);
+
+// @ts-expect-error a poller answers a Receipt or null, not a bare result.
+local.tool('reports.other', { poll: () => ({ pages: 2 }) }, () => new Job('j'));

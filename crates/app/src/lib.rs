@@ -17,7 +17,14 @@
 //!    calls every face makes, [`App::invoke`] and [`App::status`].
 //! 5. [`operations`] — the operator's actions by key for a face that holds no tool of its own
 //!    (the in-process packages): [`App::reconcile`], [`App::approve`], [`App::deny`], scoped
-//!    by [`App::owns`] like every read.
+//!    by [`App::owns`] like every read; and the operator's answers over them, plain data that
+//!    API v1 and `idemgate ops --store` both send: [`App::operation_view`],
+//!    [`App::operation_list`], [`App::reconcile_request`], [`App::approve_request`],
+//!    [`App::deny_request`], each refusal an [`OperatorError`].
+//! 6. [`views`] — the read models in API v1's JSON shape: [`views::OutcomeView`] (the labelled
+//!    answer of every face), [`views::OperationView`], [`views::OperationSummary`],
+//!    [`views::OperationList`]. With the feature `openapi` they describe their schemas too
+//!    ([`openapi`]), for the HTTP face's OpenAPI document.
 //!
 //! [`config`] is the configuration file every face reads — the application's part of it, the
 //! faces' sections read from the same text by the faces, and [`config::File::assembly`], the
@@ -30,8 +37,11 @@ pub mod assembly;
 pub mod config;
 pub mod contracts;
 pub mod in_process;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod operations;
 pub mod tools;
+pub mod views;
 
 use std::sync::Arc;
 
@@ -40,7 +50,7 @@ use idemgate_core::store::Store;
 use idemgate_engine::sealed::SealedStore;
 
 pub use assembly::{App, Assembly, Background, Recovery, check_part};
-pub use operations::ActError;
+pub use operations::{ActError, OperatorError};
 pub use tools::{Effects, HttpEffects, SandboxEffects, Tool, ToolSet};
 
 /// A store URL that could not be opened; the URL is shown without its password.

@@ -340,3 +340,182 @@ async fn a_task_that_died_after_it_may_have_sent_is_unknown() {
         1
     );
 }
+
+#[test]
+fn a_listing_query_that_does_not_read_names_its_parameter() {
+    use idemgate_app::operations::{ListQuery, list_filter};
+    let check = |query: ListQuery, expect: Result<(Option<RecordStatus>, usize), &str>| {
+        let got = list_filter(query)
+            .map(|f| (f.status, f.limit))
+            .map_err(|e| (e.code(), e.to_string()));
+        match expect {
+            Ok(filter) => assert_eq!(got.unwrap(), filter),
+            Err(parameter) => {
+                let (code, message) = got.unwrap_err();
+                assert_eq!(code, ErrorCode::InvalidArguments);
+                assert!(message.starts_with(parameter), "{message}");
+            }
+        }
+    };
+    check(ListQuery::default(), Ok((None, 100)));
+    let status = |s: &str| ListQuery {
+        status: Some(s.into()),
+        ..ListQuery::default()
+    };
+    let limit = |n| ListQuery {
+        limit: Some(n),
+        ..ListQuery::default()
+    };
+    check(status("unknown"), Ok((Some(RecordStatus::Unknown), 100)));
+    check(status("settled"), Err("status is one of"));
+    check(limit(500), Ok((None, 500)));
+    check(limit(0), Err("limit is between 1 and 500"));
+    check(limit(501), Err("limit is between 1 and 500"));
+}
+
+/// The operator's answers (what API v1 and `idemgate ops --store` send): another tenant's
+/// operation reads and acts as not found, exactly as a missing key; refusals name their kind;
+/// the read models keep API v1's member order. Effects are counted by the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_answers_read_another_tenants_operation_as_not_found() {
+    use idemgate_app::OperatorError;
+    use idemgate_app::operations::{
+        ApproveRequest, DenyRequest, ListQuery, ReconcileRequest, Scope,
+    };
+    let world = world().await;
+    let legal = json!({"queue_id": "legal", "subject": "Refund", "body": "Order 42."});
+    let held = world.call("acme", "tickets.create", "run_6", legal).await;
+    assert_eq!(held, Status::InFlight);
+    let tickets = world.sandbox("tickets.create");
+    let k = "acme:test:run_6:s";
+    let operator = |tenant: &str| Caller {
+        tenant: tenant.into(),
+        actor: "alice".into(),
+        role: "operator".into(),
+    };
+    let acme = operator("acme");
+
+    let view = world.app.operation_view(&acme, k).await.unwrap();
+    assert_eq!(view.record.record_status, "awaiting_approval");
+    assert_eq!(view.outcome.outcome.as_str(), "in_flight");
+    // API v1's member order: the summary flattened first, then receipt, outcome, events.
+    let text = serde_json::to_string(&view).unwrap();
+    let members = [
+        "operation_key",
+        "tool",
+        "tool_version",
+        "record_status",
+        "fingerprint",
+        "attempt",
+        "effect_reference",
+        "job_id",
+        "approved_by",
+        "created_at",
+        "created_at_rfc3339",
+        "updated_at",
+        "updated_at_rfc3339",
+        "expires_at",
+        "expires_at_rfc3339",
+        "receipt",
+        "outcome",
+        "events",
+    ];
+    let at: Vec<usize> = members
+        .iter()
+        .map(|m| text.find(&format!("\"{m}\":")).unwrap())
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+
+    // Another tenant, a missing key, a key that does not parse: not found alike.
+    let not_found = |answer: Result<_, OperatorError>| match answer {
+        Err(e @ OperatorError::NotFound) => {
+            assert_eq!(e.code(), ErrorCode::NotFound);
+            let outcome = e.outcome();
+            assert_eq!(outcome.status, Status::Rejected);
+            assert_eq!(outcome.error.unwrap().message, "no such operation");
+        }
+        other => panic!("{other:?}"),
+    };
+    let globex = operator("globex");
+    let approve = |fingerprint: Option<&str>| ApproveRequest {
+        fingerprint: fingerprint.map(str::to_string),
+        reason: Some("checked".into()),
+    };
+    let app = &world.app;
+    let missing = [
+        app.operation_view(&globex, k).await.map(drop),
+        app.operation_view(&acme, "acme:test:run_9:s")
+            .await
+            .map(drop),
+        app.operation_view(&acme, "not a key").await.map(drop),
+        app.deny_request(&globex, k, DenyRequest::default())
+            .await
+            .map(drop),
+        app.approve_request(&globex, k, approve(None))
+            .await
+            .map(drop),
+    ];
+    for answer in missing {
+        not_found(answer);
+    }
+
+    let listed = |scope| world.app.operation_list(scope, ListQuery::default());
+    let keys = |list: idemgate_app::views::OperationList| -> Vec<String> {
+        list.operations
+            .into_iter()
+            .map(|o| o.operation_key)
+            .collect()
+    };
+    assert!(keys(listed(Scope::Tenant("globex".into())).await.unwrap()).is_empty());
+    assert_eq!(
+        keys(listed(Scope::Tenant("acme".into())).await.unwrap()),
+        [k]
+    );
+    let store = Scope::Store {
+        tenant: None,
+        environment: None,
+    };
+    assert_eq!(keys(listed(store).await.unwrap()), [k]);
+    assert_eq!(tickets.calls(), 0, "reads and refusals send nothing");
+
+    // An invalid request names what is wrong; nothing runs.
+    let bad = world
+        .app
+        .approve_request(&acme, k, approve(Some("sha1:x")))
+        .await;
+    match bad {
+        Err(e @ OperatorError::Invalid(_)) => {
+            assert_eq!(e.code(), ErrorCode::InvalidArguments);
+            assert!(e.to_string().starts_with("fingerprint"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tickets.calls(), 0);
+
+    let applied = world
+        .app
+        .approve_request(&acme, k, approve(None))
+        .await
+        .unwrap();
+    assert_eq!(applied.status, Status::Applied, "{applied:?}");
+    assert_eq!(tickets.effects(), 1);
+
+    // A resolution of an operation that is not unknown does not apply to it: a conflict.
+    let late = ReconcileRequest::NotApplied { reason: None };
+    let conflict = world.app.reconcile_request(&acme, k, Some(late)).await;
+    match conflict {
+        Err(e @ OperatorError::Conflict { .. }) => assert_eq!(e.code(), ErrorCode::Conflict),
+        other => panic!("{other:?}"),
+    }
+    let empty = ReconcileRequest::Applied {
+        effect_reference: " ".into(),
+        result: Value::Null,
+        reason: None,
+    };
+    let invalid = world.app.reconcile_request(&acme, k, Some(empty)).await;
+    assert!(
+        matches!(&invalid, Err(OperatorError::Invalid(m)) if m.starts_with("effect_reference")),
+        "{invalid:?}"
+    );
+    assert_eq!(tickets.effects(), 1, "one effect in all");
+}

@@ -1,10 +1,13 @@
 //! `idemgate ops`: the operators' actions against a running gateway, over its API v1
 //! (`/v1/operations…`; by default the local gateway at [`DEFAULT_GATEWAY`]), or with
 //! `--store URL` on a store directly, without a gateway: the store is opened here and every
-//! answer is API v1's own (`idemgate_server::api`'s operator answers over an `App`), so output,
-//! `--json` and exit statuses are the same either way. Over a store, records of a tool not
-//! loaded here (`--contracts`) — a tool of an in-process `idemgate.Local`, say — are resolved
-//! by hand (`reconcile --applied --reference REF`, `--not-applied`, `deny`), never looked up.
+//! answer is the app's own, the one API v1 sends (`idemgate_app`'s operator answers over an
+//! `App`: the same read models, the same refusals), so output and exit statuses are the same
+//! either way. Over a store there is no HTTP: a refusal is named by its error code alone, and
+//! `--json` prints a refusal as its labelled outcome rather than a problem document. Over a
+//! store, records of a tool not loaded here (`--contracts`) — a tool of an in-process
+//! `idemgate.Local`, say — are resolved by hand (`reconcile --applied --reference REF`,
+//! `--not-applied`, `deny`), never looked up.
 //!
 //! - `list` — a page of the tenant's operations; by default the reconciliation queue
 //!   (`status=unknown`), with the next page's cursor.
@@ -31,8 +34,12 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use comfy_table::{Table, presets};
-use reqwest::{Method, StatusCode, Url};
-use serde::Deserialize;
+use idemgate_app::OperatorError;
+use idemgate_app::operations::{ListQuery, Scope};
+use idemgate_app::views::OutcomeView as Labelled;
+use idemgate_core::outcome::{Outcome, Status};
+use reqwest::{Method, Url};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// Where the token is read from; never from an argument.
@@ -184,7 +191,8 @@ fn non_empty(text: &str) -> Result<String, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The gateway's shapes, as this client reads them (crates/server/src/api.rs and wire.rs).
+// The gateway's shapes, as this client reads them (the app's read models,
+// crates/app/src/views.rs, and the server's problem documents, crates/server/src/wire.rs).
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 struct Summary {
@@ -264,11 +272,15 @@ struct OperationList {
 // ---------------------------------------------------------------------------------------------
 // The client.
 
-/// One answer of the gateway.
+/// One answer of the gateway, or of the app over a store.
 #[derive(Debug)]
 struct Reply {
-    status: StatusCode,
-    /// An RFC 9457 problem (`application/problem+json`): a rejection.
+    /// The HTTP status of a gateway's answer; none for an answer made here over a store.
+    http: Option<u16>,
+    /// The request was answered as asked (a 2xx; over a store, anything but a refusal).
+    ok: bool,
+    /// A rejection: an RFC 9457 problem (`application/problem+json`) from a gateway, a
+    /// `rejected` outcome over a store.
     problem: bool,
     body: Value,
     /// The body as the gateway wrote it, for `--json`.
@@ -289,12 +301,19 @@ impl Reply {
             .to_string()
     }
 
-    /// "404 not_found".
+    /// "404 not_found" from a gateway, "not_found" over a store.
     fn label(&self) -> String {
-        match self.code() {
-            Some(code) => format!("{} {code}", self.status.as_u16()),
-            None => self.status.as_u16().to_string(),
+        match (self.http, self.code()) {
+            (Some(status), Some(code)) => format!("{status} {code}"),
+            (Some(status), None) => status.to_string(),
+            (None, Some(code)) => code.to_string(),
+            (None, None) => "refused".into(),
         }
+    }
+
+    /// The HTTP status, 0 over a store (which matches no status of a gateway's refusal).
+    fn status(&self) -> u16 {
+        self.http.unwrap_or_default()
     }
 }
 
@@ -407,7 +426,8 @@ impl Client {
             )
         })?;
         Ok(Reply {
-            status,
+            http: Some(status.as_u16()),
+            ok: status.is_success(),
             problem,
             body,
             raw: String::from_utf8_lossy(&bytes).into_owned(),
@@ -422,7 +442,7 @@ impl Client {
             Needs::AnyToken(action) => (action, false),
             Needs::Operator(action) => (action, true),
         };
-        match (reply.status.as_u16(), reply.code()) {
+        match (reply.status(), reply.code()) {
             (401, _) => anyhow!(
                 "the gateway refused the token in {TOKEN_VAR} ({label}: {detail}); it is not one \
                  of this gateway's tokens"
@@ -461,7 +481,7 @@ impl Client {
             )
             .await
             .ok()?;
-        match (reply.status.as_u16(), reply.code()) {
+        match (reply.status(), reply.code()) {
             (200, _) => Some(true),
             (403, Some("forbidden")) => Some(false),
             _ => None,
@@ -542,103 +562,81 @@ impl Local {
     }
 
     async fn list(&self, query: &[(&str, String)]) -> anyhow::Result<Reply> {
-        use idemgate_server::api;
         let find = |name: &str| {
             query
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| v.clone())
         };
-        let limit = find("limit").and_then(|l| l.parse().ok());
-        let asked = api::ListQuery {
+        let asked = ListQuery {
             status: find("status"),
             tool: find("tool"),
             after: find("after"),
-            limit,
+            limit: find("limit").and_then(|l| l.parse().ok()),
         };
-        let answer = match api::list_filter(asked) {
-            Err(e) => axum::response::IntoResponse::into_response(e),
-            Ok(filter) => {
-                let filter = idemgate_core::store::Filter {
-                    tenant: self.tenant.clone(),
-                    environment: self.environment.clone(),
-                    ..filter
-                };
-                let limit = filter.limit;
-                match self.app.executor().store().list(filter).await {
-                    Ok(records) => {
-                        let page = api::list_page(&records, limit);
-                        axum::response::IntoResponse::into_response(axum::Json(page))
-                    }
-                    Err(e) => axum::response::IntoResponse::into_response(
-                        idemgate_server::wire::ApiError::store(&e),
-                    ),
-                }
-            }
+        let scope = Scope::Store {
+            tenant: self.tenant.clone(),
+            environment: self.environment.clone(),
         };
-        Reply::of(answer).await
+        Reply::read(self.app.operation_list(scope, asked).await)
     }
 
     async fn get(&self, key: &str) -> anyhow::Result<Reply> {
-        let answer =
-            idemgate_server::api::operation_answer(&self.app, &self.caller(key), key).await;
-        Reply::of(answer.unwrap_or_else(axum::response::IntoResponse::into_response)).await
+        Reply::read(self.app.operation_view(&self.caller(key), key).await)
     }
 
     async fn post(&self, key: &str, action: &str, body: Option<&Value>) -> anyhow::Result<Reply> {
-        use axum::response::IntoResponse;
-        use idemgate_server::api;
-        fn read<T: serde::de::DeserializeOwned + Default>(
-            body: Option<&Value>,
-        ) -> anyhow::Result<T> {
-            match body {
-                None => Ok(T::default()),
-                Some(body) => serde_json::from_value(body.clone())
-                    .map_err(|e| anyhow!("the action's body does not read: {e}")),
-            }
+        fn read<T: serde::de::DeserializeOwned>(body: &Value) -> anyhow::Result<T> {
+            serde_json::from_value(body.clone())
+                .map_err(|e| anyhow!("the action's body does not read: {e}"))
         }
         let caller = self.caller(key);
-        let answer = match action {
-            "approve" => api::approve_answer(&self.app, &caller, key, read(body)?).await,
-            "deny" => api::deny_answer(&self.app, &caller, key, read(body)?).await,
-            _ => {
-                let request = match body {
-                    None => None,
-                    Some(body) => Some(
-                        serde_json::from_value(body.clone())
-                            .map_err(|e| anyhow!("the action's body does not read: {e}"))?,
-                    ),
-                };
-                api::reconcile_answer(&self.app, &caller, key, request).await
-            }
+        let app = &self.app;
+        let answer = match (action, body) {
+            ("approve", None) => app.approve_request(&caller, key, Default::default()).await,
+            ("approve", Some(b)) => app.approve_request(&caller, key, read(b)?).await,
+            ("deny", None) => app.deny_request(&caller, key, Default::default()).await,
+            ("deny", Some(b)) => app.deny_request(&caller, key, read(b)?).await,
+            (_, None) => app.reconcile_request(&caller, key, None).await,
+            (_, Some(b)) => app.reconcile_request(&caller, key, Some(read(b)?)).await,
         };
-        Reply::of(match answer {
-            Ok(answer) => answer.into_response(),
-            Err(e) => e.into_response(),
-        })
-        .await
+        match answer {
+            Ok(outcome) => Reply::outcome(&outcome),
+            Err(e) => Reply::refusal(e),
+        }
     }
 }
 
 impl Reply {
-    /// An answer made here, read as the gateway's would be.
-    async fn of(response: axum::response::Response) -> anyhow::Result<Reply> {
-        let status = StatusCode::from_u16(response.status().as_u16())
-            .context("an answer with an unknown status")?;
-        let problem = response
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/problem+json"));
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .context("reading an answer")?;
-        let body: Value = serde_json::from_slice(&bytes).context("an answer that is not JSON")?;
+    /// A read made here: the read model as API v1 sends it, or the refusal.
+    fn read<T: Serialize>(answer: Result<T, OperatorError>) -> anyhow::Result<Reply> {
+        match answer {
+            Ok(view) => Reply::made(true, false, &view),
+            Err(e) => Reply::refusal(e),
+        }
+    }
+
+    /// An action's outcome made here, labelled as every face labels it.
+    fn outcome(outcome: &Outcome) -> anyhow::Result<Reply> {
+        let rejected = outcome.status == Status::Rejected;
+        Reply::made(true, rejected, &Labelled::from(outcome))
+    }
+
+    /// A refusal made here: its `rejected` outcome, with the code and message the gateway's
+    /// problem document carries.
+    fn refusal(e: OperatorError) -> anyhow::Result<Reply> {
+        Reply::made(false, true, &Labelled::from(&e.outcome()))
+    }
+
+    fn made(ok: bool, problem: bool, answer: &impl Serialize) -> anyhow::Result<Reply> {
+        let raw = serde_json::to_string(answer).context("writing an answer")?;
+        let body = serde_json::from_str(&raw).context("an answer that is not JSON")?;
         Ok(Reply {
-            status,
+            http: None,
+            ok,
             problem,
             body,
-            raw: String::from_utf8_lossy(&bytes).into_owned(),
+            raw,
         })
     }
 }
@@ -681,7 +679,7 @@ impl Target {
             }
             Target::Store(local) => local.get(key).await?,
         };
-        if !reply.status.is_success() {
+        if !reply.ok {
             let reading = Needs::AnyToken("reading the operation");
             return Err(self.refusal(&reply, Some(key), reading).await);
         }
@@ -701,13 +699,13 @@ impl Target {
         let action = match needs {
             Needs::AnyToken(action) | Needs::Operator(action) => action,
         };
-        match (reply.status.as_u16(), reply.code()) {
-            (404, Some("not_found")) if key.is_some() => anyhow!(
+        match reply.code() {
+            Some("not_found") if key.is_some() => anyhow!(
                 "no operation {} in the store {} ({label})",
                 key.unwrap_or_default(),
                 local.url
             ),
-            (503, _) => anyhow!(
+            Some("store_unavailable") => anyhow!(
                 "{action}: the store {} is unavailable ({label}): {detail}; nothing changed, \
                  retry later",
                 local.url
@@ -840,7 +838,7 @@ async fn list_operations(client: &Target, a: ListArgs, json: bool) -> anyhow::Re
         query.push(("after", after.clone()));
     }
     let reply = client.list(&query).await?;
-    if !reply.status.is_success() {
+    if !reply.ok {
         let listing = Needs::Operator("listing operations");
         return Err(client.refusal(&reply, None, listing).await);
     }

@@ -1,14 +1,14 @@
 //! A tool's JavaScript functions as the engine's traits: the tool's function is its
-//! [`Downstream`]'s `perform`, its optional lookup `lookup_receipt`, and its optional `authorize`
-//! its [`Authorizer`].
+//! [`Downstream`]'s `perform`, its optional lookup `lookup_receipt`, its optional job poller
+//! `poll_job`, and its optional `authorize` its [`Authorizer`].
 //!
 //! Nothing here decides anything about claims, fences, recovery or labels: each function's
-//! answer is classified into the engine's terms ([`EffectOutcome`], [`Lookup`]) and the engine
-//! does the rest. The TypeScript side hands over *adapters* (`src/local.ts`), async functions
-//! that call the user's function, catch whatever it throws, and resolve to a JSON array saying
-//! what it did — `["committed", reference, result]`, `["not_sent", reason, retryAfter]`,
-//! `["refused", message]`, `["ambiguous", evidence]` — so every exception of the user's code is
-//! read in JavaScript, where its class and message are.
+//! answer is classified into the engine's terms ([`EffectOutcome`], [`Lookup`], [`JobStatus`])
+//! and the engine does the rest. The TypeScript side hands over *adapters* (`src/local.ts`),
+//! async functions that call the user's function, catch whatever it throws, and resolve to a
+//! JSON array saying what it did — `["committed", reference, result]`, `["job", jobId]`,
+//! `["not_sent", reason, retryAfter]`, `["refused", message]`, `["ambiguous", evidence]` — so
+//! every exception of the user's code is read in JavaScript, where its class and message are.
 //!
 //! Each call goes through a Node-API thread-safe function: queued onto Node's event loop from
 //! the engine's task, and its promise awaited here, on the runtime, never blocking the loop.
@@ -42,6 +42,8 @@ pub type PerformFn = ThreadsafeFunction<
 >;
 /// The lookup adapter: `(operationKey) => Promise<answerJson>`.
 pub type LookupFn = ThreadsafeFunction<String, Promise<String>, String, Status, false, true>;
+/// The job poller's adapter: `(jobId, operationKey) => Promise<answerJson>`.
+pub type PollFn = PerformFn;
 /// The authorization adapter: `(requestJson) => Promise<answerJson>`.
 pub type AuthorizeFn = LookupFn;
 
@@ -109,6 +111,12 @@ fn effect_of(items: &[Value], key: &str) -> EffectOutcome {
             // release, never a refusal.
             Err(why) => EffectOutcome::ambiguous(format!("{why}; the effect may have happened")),
         },
+        // Whether the contract declares jobs is the engine's to check: a job it does not
+        // declare is ambiguous there.
+        "job" => match text(items.get(1)) {
+            Some(job_id) if !job_id.is_empty() => EffectOutcome::Accepted { job_id },
+            _ => EffectOutcome::ambiguous("the function returned a Job without a job id"),
+        },
         "not_sent" => EffectOutcome::NotSent {
             reason: text(items.get(1)).unwrap_or_else(|| "not sent".into()),
             retry_after: retry_after(items.get(2)),
@@ -138,10 +146,32 @@ fn lookup_of(items: &[Value]) -> Lookup {
     }
 }
 
+/// What the job poller's adapter said of the job: `["running"]`, `["done", reference,
+/// result]`, `["failed", message]` (a refusal), `["gone", reason]`, or `["unavailable",
+/// reason]` when the poller could not tell.
+fn job_of(items: &[Value]) -> JobStatus {
+    let kind = items.first().and_then(Value::as_str).unwrap_or_default();
+    let why = || text(items.get(1)).unwrap_or_else(|| kind.to_string());
+    match kind {
+        "running" => JobStatus::Running,
+        "done" => match receipt(items, None, "the job poller") {
+            Ok(receipt) => JobStatus::Done(receipt),
+            Err(why) => JobStatus::Unavailable(why),
+        },
+        "failed" => JobStatus::Failed(Refusal {
+            code: ErrorCode::DownstreamRejected,
+            message: why(),
+        }),
+        "gone" => JobStatus::Gone(why()),
+        _ => JobStatus::Unavailable(why()),
+    }
+}
+
 /// A tool's functions as its downstream.
 pub struct JsEffect {
     pub perform: PerformFn,
     pub lookup: Option<LookupFn>,
+    pub poll: Option<PollFn>,
     /// How long the function may take before its answer counts as lost (ambiguous).
     pub timeout: Option<Duration>,
 }
@@ -220,14 +250,27 @@ impl Downstream for JsEffect {
         ))
     }
 
-    fn poll_job<'a>(
-        &'a self,
-        _key: &'a OperationKey,
-        _job_id: &'a str,
-    ) -> BoxFuture<'a, JobStatus> {
-        Box::pin(async {
-            JobStatus::Unavailable("in-process TypeScript tools have no job poller".into())
-        })
+    fn poll_job<'a>(&'a self, key: &'a OperationKey, job_id: &'a str) -> BoxFuture<'a, JobStatus> {
+        let key = key.to_string();
+        let job_id = job_id.to_string();
+        Box::pin(guarded(
+            async move {
+                let Some(poll) = &self.poll else {
+                    return JobStatus::Unavailable("this tool has no job poller".into());
+                };
+                let call = async {
+                    let promise = poll.call_async_catch((job_id, key).into()).await?;
+                    promise.await
+                };
+                // A poller that cannot answer says nothing of the job: it stays pending, and
+                // the engine asks again (or ends it at the job's deadline).
+                match answer(call, self.timeout).await {
+                    Ok(items) => job_of(&items),
+                    Err(why) => JobStatus::Unavailable(why),
+                }
+            },
+            JobStatus::Unavailable,
+        ))
     }
 }
 

@@ -25,7 +25,7 @@ use napi::{Env, Error, Status};
 use napi_derive::napi;
 use serde_json::{Value, json};
 
-use crate::effect::{AuthorizeFn, JsEffect, JsHook, LookupFn, PerformFn};
+use crate::effect::{AuthorizeFn, JsEffect, JsHook, LookupFn, PerformFn, PollFn};
 use crate::runtime::{self, promise};
 use crate::spec;
 
@@ -214,7 +214,8 @@ impl NativeLocal {
     }
 
     /// Registers a tool: its contract (the options shaped as a contract, as JSON, or the path of
-    /// a contract file) and its adapters (the function, the lookup, the authorization hook). Answers the linter's findings on a file, each
+    /// a contract file) and its adapters (the function, the lookup, the job poller, the
+    /// authorization hook). Answers the linter's findings on a file, each
     /// `[level, rule, field, reason]`.
     #[napi]
     #[allow(clippy::too_many_arguments)] // the tool's parts, one each
@@ -226,6 +227,7 @@ impl NativeLocal {
         timeout_seconds: Option<f64>,
         perform: PerformFn,
         lookup: Option<LookupFn>,
+        poll: Option<PollFn>,
         authorize: Option<AuthorizeFn>,
     ) -> napi::Result<Vec<Vec<String>>> {
         let app = self.app()?;
@@ -253,17 +255,30 @@ impl NativeLocal {
                 contract.name
             )));
         }
-        if contract.async_jobs() {
-            return Err(invalid(
-                "downstream.async_jobs: in-process TypeScript tools have no job poller yet",
-            ));
-        }
-        if contract.receipt_lookup() != lookup.is_some() {
-            return Err(invalid(if contract.receipt_lookup() {
-                "the contract declares downstream.receipt_lookup, so give lookup"
-            } else {
-                "lookup is given, but the contract does not declare downstream.receipt_lookup"
-            }));
+        // The functions the contract's downstream section promises, and only those (Python's
+        // rule): a lookup or poller it does not declare would never be asked, one it declares
+        // must be there.
+        for (declared, given, field, option) in [
+            (
+                contract.receipt_lookup(),
+                lookup.is_some(),
+                "downstream.receipt_lookup",
+                "lookup",
+            ),
+            (
+                contract.async_jobs(),
+                poll.is_some(),
+                "downstream.async_jobs",
+                "poll",
+            ),
+        ] {
+            if declared != given {
+                return Err(invalid(if declared {
+                    format!("the contract declares {field}, so give {option}")
+                } else {
+                    format!("{option} is given, but the contract does not declare {field}")
+                }));
+            }
         }
         let timeout = timeout_seconds.map(|t| seconds("timeout", t)).transpose()?;
         app.tools().serve(Tool {
@@ -271,6 +286,7 @@ impl NativeLocal {
             downstream: Arc::new(JsEffect {
                 perform,
                 lookup,
+                poll,
                 timeout,
             }),
             authorizer: authorize.map(|authorize| {

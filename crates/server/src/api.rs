@@ -8,28 +8,33 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idemgate_core::Fingerprint;
+use idemgate_app::Tool;
+use idemgate_app::operations::Scope;
+pub use idemgate_app::operations::{
+    ApproveRequest, DEFAULT_REASON, DenyRequest, ListQuery, ReconcileRequest,
+};
+pub use idemgate_app::views::{
+    EventView, OperationList, OperationSummary, OperationView, ReceiptView,
+};
 use idemgate_core::json;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome, Repeatable};
-use idemgate_core::record::{Event, NOT_SETTLED, Record, RecordState, RecordStatus};
-use idemgate_core::store::Filter;
-use idemgate_engine::{Caller, Resolution, StatusRead};
+use idemgate_engine::Caller;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
 use crate::auth::{Principal, Role};
-use crate::console::view::rfc3339;
 use crate::headers::{self, StepKey};
 use crate::state::AppState;
 use crate::wire::{Answer, ApiError, OutcomeView, Problem, WithOutcome};
-use idemgate_app::{ActError, App, Tool};
 
 pub const TAG: &str = "idemgate";
 
 // ---------------------------------------------------------------------------------------------
-// Shapes.
+// Shapes. The operations' read models and the operator's requests are the app's
+// (`idemgate_app::views`, `idemgate_app::operations`), re-exported above: `idemgate ops
+// --store` answers with the same ones. What follows is the HTTP face's own.
 
 /// The body of an invocation. `workflow_id` and `step_id` name the operation (the calling
 /// application's, never the model's); the `Idempotency-Key` header may name it instead.
@@ -41,131 +46,6 @@ pub struct InvokeRequest {
     /// The tool's arguments, checked against its contract's input schema.
     #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub arguments: Value,
-}
-
-/// The downstream's authoritative reference for an effect, and the replay-safe result.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ReceiptView {
-    pub reference: String,
-    /// Any JSON value: what the contract's result pointer selects from the downstream's answer.
-    #[schema(value_type = Value)]
-    pub result: Value,
-}
-
-/// One entry of an operation's append-only trace.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EventView {
-    /// `proposed`, `validated`, `claimed`, `sent`, `committed`, `acknowledged`, `replayed`, …
-    #[schema(value_type = crate::openapi::EventKindName)]
-    pub kind: String,
-    /// Milliseconds since the Unix epoch.
-    pub at: i64,
-    /// The same instant in RFC 3339 (UTC).
-    pub at_rfc3339: String,
-    pub attempt: u64,
-    pub worker: String,
-    pub detail: Option<String>,
-}
-
-/// The stored state of an operation.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct OperationSummary {
-    pub operation_key: String,
-    pub tool: String,
-    pub tool_version: String,
-    /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown`, `tombstone`.
-    #[schema(value_type = crate::openapi::RecordStatusName)]
-    pub record_status: String,
-    pub fingerprint: String,
-    /// The fencing token: grows on every takeover.
-    pub attempt: u64,
-    pub effect_reference: Option<String>,
-    pub job_id: Option<String>,
-    pub approved_by: Option<String>,
-    /// Milliseconds since the Unix epoch, and the same instant in RFC 3339 (UTC).
-    pub created_at: i64,
-    pub created_at_rfc3339: String,
-    pub updated_at: i64,
-    pub updated_at_rfc3339: String,
-    /// When the full record is compacted: set once the operation settles (its retention counts
-    /// from then), null while it may still have an effect (pending, awaiting approval,
-    /// unknown).
-    pub expires_at: Option<i64>,
-    pub expires_at_rfc3339: Option<String>,
-}
-
-/// An operation: the record, its receipt, the outcome a poll gives, and its events.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct OperationView {
-    #[serde(flatten)]
-    pub record: OperationSummary,
-    pub receipt: Option<ReceiptView>,
-    pub outcome: OutcomeView,
-    pub events: Vec<EventView>,
-}
-
-/// A page of operations, ordered by key.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct OperationList {
-    pub operations: Vec<OperationSummary>,
-    /// Pass as `after` for the next page; null on the last page.
-    pub next_after: Option<String>,
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// `pending`, `awaiting_approval`, `applied`, `failed_permanent`, `unknown` (the
-    /// reconciliation queue) or `tombstone`.
-    #[param(value_type = Option<crate::openapi::RecordStatusName>)]
-    pub status: Option<String>,
-    pub tool: Option<String>,
-    /// Only keys after this one (keyset pagination).
-    pub after: Option<String>,
-    /// At most this many (1 to 500, default 100).
-    pub limit: Option<usize>,
-}
-
-/// An operator's reconciliation of an `unknown` operation, as read. With no body, the receipt
-/// is looked up now. [`ReconcileBody`] documents the same shape for the OpenAPI document.
-/// Every variant takes an optional `reason`, recorded in the audit log ([`DEFAULT_REASON`]
-/// when left out).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "resolution", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ReconcileRequest {
-    /// The effect happened: its reference and the result to replay.
-    Applied {
-        effect_reference: String,
-        #[serde(default)]
-        result: Value,
-        #[serde(default)]
-        reason: Option<String>,
-    },
-    /// The effect did not happen: the key may run again.
-    NotApplied {
-        #[serde(default)]
-        reason: Option<String>,
-    },
-    /// Look the receipt up now, as with no body, with a reason for the audit log.
-    Lookup {
-        #[serde(default)]
-        reason: Option<String>,
-    },
-}
-
-/// The reason recorded for an operator action whose request gave none.
-pub const DEFAULT_REASON: &str = "no reason given";
-
-/// The longest reason kept, in characters; a longer one is cut, not refused.
-pub const MAX_REASON_CHARS: usize = 500;
-
-/// An operator's reason as recorded: the given text cut to [`MAX_REASON_CHARS`], or
-/// [`DEFAULT_REASON`] when none (or only whitespace) was given.
-pub fn reason_of(given: Option<String>) -> String {
-    match given {
-        Some(text) if !text.trim().is_empty() => text.chars().take(MAX_REASON_CHARS).collect(),
-        Some(_) | None => DEFAULT_REASON.into(),
-    }
 }
 
 /// An operator's resolution of an `unknown` operation, told apart by `resolution`. With no
@@ -235,23 +115,6 @@ pub struct ReconcileLookup {
     pub resolution: ResolutionLookup,
     /// Why, for the audit log (at most 500 characters); left out, "no reason given".
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// Binds an approval to the exact call: the fingerprint the operator reviewed.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ApproveRequest {
-    pub fingerprint: Option<String>,
-    /// Why, for the audit log (at most 500 characters); left out, "no reason given".
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DenyRequest {
-    /// Why: every later delivery's refusal and the audit log carry it (at most 500
-    /// characters); left out, "no reason given".
     pub reason: Option<String>,
 }
 
@@ -396,53 +259,6 @@ fn optional_body<T: serde::de::DeserializeOwned>(
 
 fn strip_position(message: &str) -> &str {
     message.split(" at line ").next().unwrap_or(message)
-}
-
-/// A record as API v1 shows it.
-pub fn summary(record: &Record) -> OperationSummary {
-    let job_id = match &record.state {
-        RecordState::Pending {
-            dispatch: idemgate_core::record::Dispatch::Job { job_id },
-            ..
-        } => Some(job_id.clone()),
-        RecordState::Unknown(evidence) => evidence.job_id.clone(),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => None,
-    };
-    // Not a sentinel number: an unsettled record has no expiry yet.
-    let expires = (record.expires_at != NOT_SETTLED).then_some(record.expires_at);
-    OperationSummary {
-        operation_key: record.key.to_string(),
-        tool: record.tool.clone(),
-        tool_version: record.tool_version.clone(),
-        record_status: record.status().as_str().to_string(),
-        fingerprint: record.fingerprint.as_str().to_string(),
-        attempt: record.fence,
-        effect_reference: record.effect_reference().map(str::to_string),
-        job_id,
-        approved_by: record.approved_by.clone(),
-        created_at: record.created_at,
-        created_at_rfc3339: rfc3339(record.created_at),
-        updated_at: record.updated_at,
-        updated_at_rfc3339: rfc3339(record.updated_at),
-        expires_at: expires,
-        expires_at_rfc3339: expires.map(rfc3339),
-    }
-}
-
-/// An event as API v1 shows it.
-pub fn event_view(e: Event) -> EventView {
-    EventView {
-        kind: e.kind.as_str().to_string(),
-        at: e.at,
-        at_rfc3339: rfc3339(e.at),
-        attempt: e.attempt,
-        worker: e.worker,
-        detail: e.detail,
-    }
 }
 
 fn tool_view(tool: &Tool) -> ToolView {
@@ -780,7 +596,13 @@ pub async fn get_operation(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let principal = authenticate(&state, &headers)?;
-    operation_answer(state.app(), &caller_of(&principal), &key).await
+    // A key the token may not see answers 404, exactly as a missing one (the app decides).
+    let view = state
+        .app()
+        .operation_view(&caller_of(&principal), &key)
+        .await
+        .map_err(ApiError::operator)?;
+    Ok(WithOutcome(view.outcome.outcome.status(), view).into_response())
 }
 
 /// List the tenant's operations (operator). `status=unknown` is the reconciliation queue.
@@ -805,13 +627,12 @@ pub async fn list_operations(
     let principal = authenticate(&state, &headers)?;
     operator(&principal)?;
     let Query(query) = query.map_err(|e| invalid(format!("query: {}", e.body_text())))?;
-    let filter = list_filter(query)?;
-    let records = state
+    let page = state
         .app()
-        .list(&principal.tenant, filter.clone())
+        .operation_list(Scope::Tenant(principal.tenant), query)
         .await
-        .map_err(|e| ApiError::store(&e))?;
-    Ok(axum::Json(list_page(&records, filter.limit)))
+        .map_err(ApiError::operator)?;
+    Ok(axum::Json(page))
 }
 
 /// Reconcile an `unknown` operation (operator). No body: look the receipt up now. A body
@@ -845,7 +666,11 @@ pub async fn reconcile(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<ReconcileRequest>(&state, &bytes)?;
-    reconcile_answer(state.app(), &caller_of(&principal), &key, request).await
+    let outcome = state
+        .app()
+        .reconcile_request(&caller_of(&principal), &key, request)
+        .await;
+    outcome.map(Answer).map_err(ApiError::operator)
 }
 
 /// Approve an operation awaiting approval (operator): the effect then runs, with the original
@@ -879,7 +704,11 @@ pub async fn approve(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<ApproveRequest>(&state, &bytes)?.unwrap_or_default();
-    approve_answer(state.app(), &caller_of(&principal), &key, request).await
+    let outcome = state
+        .app()
+        .approve_request(&caller_of(&principal), &key, request)
+        .await;
+    outcome.map(Answer).map_err(ApiError::operator)
 }
 
 /// Deny an operation awaiting approval (operator): every later delivery replays the refusal.
@@ -909,7 +738,11 @@ pub async fn deny(
     operator(&principal)?;
     let bytes = read_body(&state, body).await?;
     let request = optional_body::<DenyRequest>(&state, &bytes)?.unwrap_or_default();
-    deny_answer(state.app(), &caller_of(&principal), &key, request).await
+    let outcome = state
+        .app()
+        .deny_request(&caller_of(&principal), &key, request)
+        .await;
+    outcome.map(Answer).map_err(ApiError::operator)
 }
 
 /// Liveness and store reachability.
@@ -974,177 +807,4 @@ pub async fn method_not_allowed() -> ApiError {
         "this resource does not answer that method; /openapi.json lists the methods",
     )
     .with_status(StatusCode::METHOD_NOT_ALLOWED)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The operator's answers, after authentication. The handlers above call them for a token's
-// holder; `idemgate ops --store` calls them over a store it opened itself, so both answer
-// alike. Every action goes through the app's operator methods ([`App::reconcile`],
-// [`App::approve`], [`App::deny`]): a record of a tool this app does not serve is resolved by
-// hand there (never looked up, never approved).
-
-/// `GET /v1/operations/{key}`: the record, its receipt, the outcome a poll gives, and its
-/// events. Polling advances an accepted job; it never performs a new effect. A key `caller`
-/// may not see answers 404, exactly as a missing one.
-pub async fn operation_answer(app: &App, caller: &Caller, key: &str) -> Result<Response, ApiError> {
-    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    // A stored result is handed out like a replay: the reader is rechecked first.
-    let (record, outcome) = match app.operation(caller, &key).await {
-        Ok(Some(StatusRead::Found { record, outcome })) => (record, outcome),
-        Ok(Some(StatusRead::Denied(outcome))) => return Err(ApiError::refused(&outcome)),
-        Ok(None) => return Err(ApiError::not_found()),
-        Err(e) => return Err(ApiError::store(&e)),
-    };
-    let events = app
-        .executor()
-        .store()
-        .events(&key)
-        .await
-        .map_err(|e| ApiError::store(&e))?;
-    let receipt = match &record.state {
-        RecordState::Applied(r) => Some(ReceiptView {
-            reference: r.reference.clone(),
-            result: r.result.clone(),
-        }),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::FailedPermanent(_)
-        | RecordState::Unknown(_)
-        | RecordState::Tombstone(_) => None,
-    };
-    let view = OperationView {
-        record: summary(&record),
-        receipt,
-        outcome: OutcomeView::from(&outcome),
-        events: events.into_iter().map(event_view).collect(),
-    };
-    Ok(WithOutcome(outcome.status, view).into_response())
-}
-
-/// The store filter of a listing query (status, tool, keyset position, limit), checked; its
-/// tenant and environment are left for the caller's scope to set.
-pub fn list_filter(query: ListQuery) -> Result<Filter, ApiError> {
-    let status = match query.status.as_deref() {
-        None => None,
-        Some(text) => Some(RecordStatus::parse(text).ok_or_else(|| {
-            invalid("status is one of pending, awaiting_approval, applied, failed_permanent, unknown, tombstone")
-        })?),
-    };
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=500).contains(&limit) {
-        return Err(invalid("limit is between 1 and 500"));
-    }
-    Ok(Filter {
-        status,
-        tool: query.tool,
-        after: query.after,
-        limit,
-        ..Filter::default()
-    })
-}
-
-/// A page of operations as API v1 lists them: the next page starts after the last key when
-/// this one is full.
-pub fn list_page(records: &[Record], limit: usize) -> OperationList {
-    let next_after = (records.len() == limit)
-        .then(|| records.last().map(|r| r.key.to_string()))
-        .flatten();
-    OperationList {
-        operations: records.iter().map(summary).collect(),
-        next_after,
-    }
-}
-
-/// An operator action refused by the app, as a problem.
-fn act_error(e: ActError) -> ApiError {
-    match e {
-        ActError::NotFound(_) => ApiError::not_found(),
-        ActError::NotServed { tool, .. } => ApiError::new(
-            ErrorCode::Conflict,
-            format!(
-                "the tool {tool} of this operation is not loaded here; without it the \
-                 operation can only be resolved by hand (applied with a reference, or not \
-                 applied) or denied"
-            ),
-        ),
-        ActError::Action(e) => ApiError::action(e),
-        other => ApiError::new(ErrorCode::Conflict, other.to_string()),
-    }
-}
-
-/// `POST /v1/operations/{key}/reconcile` by `caller` (an operator): no request looks the
-/// receipt up now; a resolution settles the record as the operator found it.
-pub async fn reconcile_answer(
-    app: &App,
-    caller: &Caller,
-    key: &str,
-    request: Option<ReconcileRequest>,
-) -> Result<Answer, ApiError> {
-    let (resolution, reason) = match request {
-        None => (None, None),
-        Some(ReconcileRequest::Lookup { reason }) => (None, reason),
-        Some(ReconcileRequest::Applied {
-            effect_reference,
-            result,
-            reason,
-        }) => (
-            Some(Resolution::Applied {
-                reference: effect_reference,
-                result,
-            }),
-            reason,
-        ),
-        Some(ReconcileRequest::NotApplied { reason }) => (Some(Resolution::NotApplied), reason),
-    };
-    let reason = reason_of(reason);
-    if let Some(Resolution::Applied { reference, .. }) = &resolution
-        && reference.trim().is_empty()
-    {
-        return Err(invalid("effect_reference is empty"));
-    }
-    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    app.reconcile(caller, &key, resolution, &reason)
-        .await
-        .map(Answer)
-        .map_err(act_error)
-}
-
-/// `POST /v1/operations/{key}/approve` by `caller` (an operator): the effect then runs, with
-/// the original caller's authorization rechecked, on a task of its own (the approver's
-/// connection is not the effect's lifetime).
-pub async fn approve_answer(
-    app: &App,
-    caller: &Caller,
-    key: &str,
-    request: ApproveRequest,
-) -> Result<Answer, ApiError> {
-    let reason = reason_of(request.reason);
-    let expected = match request.fingerprint {
-        Some(text) => Some(
-            Fingerprint::parse(&text)
-                .map_err(|_| invalid("fingerprint is `sha256:` and 64 hex digits"))?,
-        ),
-        None => None,
-    };
-    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    app.approve(caller, &key, expected, &reason)
-        .await
-        .map(Answer)
-        .map_err(act_error)
-}
-
-/// `POST /v1/operations/{key}/deny` by `caller` (an operator): every later delivery replays
-/// the refusal.
-pub async fn deny_answer(
-    app: &App,
-    caller: &Caller,
-    key: &str,
-    request: DenyRequest,
-) -> Result<Answer, ApiError> {
-    let reason = reason_of(request.reason);
-    let key = OperationKey::parse(key).map_err(|_| ApiError::not_found())?;
-    app.deny(caller, &key, &reason)
-        .await
-        .map(Answer)
-        .map_err(act_error)
 }

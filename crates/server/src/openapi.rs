@@ -3,7 +3,8 @@
 //!
 //! - [`ErrorCodeName`], [`RecordStatusName`], [`EventKindName`]: string enums built from the
 //!   core's own lists (`ALL_CODES`, `RecordStatus::ALL`, `EventKind::ALL`), so the document
-//!   cannot drift from the code that answers.
+//!   cannot drift from the code that answers; defined beside the read models that use them,
+//!   in `idemgate_app::openapi`.
 //! - [`AnswerHeaders`]: the response headers, declared by one rule on every response that
 //!   carries them — `Idempotency-Outcome` on every outcome and problem answer,
 //!   `Idempotent-Replayed` on an invocation's 200, `Retry-After` on 409, 503 and the 202s of
@@ -11,16 +12,13 @@
 //! - Optional operator bodies: `reconcile`, `approve` and `deny` take a body or none, never a
 //!   JSON `null`.
 
-use std::borrow::Cow;
-
-use idemgate_core::outcome::ALL_CODES;
-use idemgate_core::record::{EventKind, RecordStatus};
+pub use idemgate_app::openapi::{ErrorCodeName, EventKindName, RecordStatusName};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::Operation;
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Ref, RefOr, Required};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -42,69 +40,6 @@ impl Modify for Bearer {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
-    }
-}
-
-fn string_enum<'a>(description: &str, values: impl IntoIterator<Item = &'a str>) -> RefOr<Schema> {
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .description(Some(description))
-        .enum_values(Some(values))
-        .into()
-}
-
-/// The schema of `error.code`: every [`idemgate_core::ErrorCode`].
-pub struct ErrorCodeName;
-
-impl PartialSchema for ErrorCodeName {
-    fn schema() -> RefOr<Schema> {
-        string_enum(
-            "A stable snake_case error code; `/problems/<code>` explains it. New codes may be \
-             added: a client treats an unknown one as a rejection it cannot act on by itself.",
-            ALL_CODES.iter().map(|c| c.as_str()),
-        )
-    }
-}
-
-impl ToSchema for ErrorCodeName {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ErrorCode")
-    }
-}
-
-/// The schema of `record_status`: every [`RecordStatus`].
-pub struct RecordStatusName;
-
-impl PartialSchema for RecordStatusName {
-    fn schema() -> RefOr<Schema> {
-        string_enum(
-            "The stored state of an operation; `unknown` is the reconciliation queue.",
-            RecordStatus::ALL.iter().map(|s| s.as_str()),
-        )
-    }
-}
-
-impl ToSchema for RecordStatusName {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("RecordStatus")
-    }
-}
-
-/// The schema of an event's `kind`: every [`EventKind`].
-pub struct EventKindName;
-
-impl PartialSchema for EventKindName {
-    fn schema() -> RefOr<Schema> {
-        string_enum(
-            "One transition in an operation's trace.",
-            EventKind::ALL.iter().map(|k| k.as_str()),
-        )
-    }
-}
-
-impl ToSchema for EventKindName {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("EventKind")
     }
 }
 

@@ -17,9 +17,10 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idemgate_app::OperatorError;
+pub use idemgate_app::views::{ErrorView, NextActionView, OutcomeStatus, OutcomeView};
 use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
 use idemgate_core::store;
-use idemgate_engine::ActionError;
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -50,66 +51,6 @@ pub fn problem_type(code: ErrorCode) -> String {
         .unwrap_or_else(|_| ProblemBase::relative().type_of(code))
 }
 
-/// What happened to a delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeStatus {
-    Applied,
-    Replayed,
-    InFlight,
-    Rejected,
-    Unknown,
-}
-
-/// What the caller should do next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum NextActionView {
-    None,
-    Poll,
-    Reconcile,
-    AskForApproval,
-    InspectOperation,
-}
-
-/// A stable snake_case error code and a message that never echoes the request. Each code's
-/// page is `/problems/<code>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct ErrorView {
-    #[schema(value_type = crate::openapi::ErrorCodeName)]
-    pub code: String,
-    pub message: String,
-}
-
-/// The labelled answer of every face. Every field is always present (null when it does not
-/// apply).
-///
-/// The label is `outcome`, the member every answer has, outcome or problem; `status` repeats
-/// it here (the seed's result shape), while in a problem `status` is the HTTP status.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct OutcomeView {
-    /// The label: applied, replayed, in_flight, rejected or unknown.
-    pub outcome: OutcomeStatus,
-    /// The same label as `outcome`.
-    pub status: OutcomeStatus,
-    /// `tenant:environment:workflow_id:step_id`.
-    #[schema(required)]
-    pub operation_key: Option<String>,
-    /// The downstream's receipt: ticket id, provider request id, job id.
-    #[schema(required)]
-    pub effect_reference: Option<String>,
-    /// May this business action be attempted again without risking a second effect?
-    pub safe_to_repeat: bool,
-    pub next_action: NextActionView,
-    #[schema(required)]
-    pub retry_after_seconds: Option<u64>,
-    /// The replay-safe result stored with the receipt: any JSON value, null when none.
-    #[schema(value_type = Value, required)]
-    pub result: Option<Value>,
-    #[schema(required)]
-    pub error: Option<ErrorView>,
-}
-
 /// A rejection as an RFC 9457 problem, with the outcome's fields as members. `status` is the
 /// HTTP status (RFC 9457); the outcome's own status is `outcome` and is always `rejected`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -136,38 +77,6 @@ pub struct Problem {
     pub result: Option<Value>,
     #[schema(required)]
     pub error: Option<ErrorView>,
-}
-
-impl From<&Outcome> for OutcomeView {
-    fn from(o: &Outcome) -> OutcomeView {
-        let label = match o.status {
-            Status::Applied => OutcomeStatus::Applied,
-            Status::Replayed => OutcomeStatus::Replayed,
-            Status::InFlight => OutcomeStatus::InFlight,
-            Status::Rejected => OutcomeStatus::Rejected,
-            Status::Unknown => OutcomeStatus::Unknown,
-        };
-        OutcomeView {
-            outcome: label,
-            status: label,
-            operation_key: o.operation_key.as_ref().map(|k| k.to_string()),
-            effect_reference: o.effect_reference.clone(),
-            safe_to_repeat: o.safe_to_repeat(),
-            next_action: match o.next_action {
-                NextAction::None => NextActionView::None,
-                NextAction::Poll => NextActionView::Poll,
-                NextAction::Reconcile => NextActionView::Reconcile,
-                NextAction::AskForApproval => NextActionView::AskForApproval,
-                NextAction::InspectOperation => NextActionView::InspectOperation,
-            },
-            retry_after_seconds: o.retry_after_seconds,
-            result: o.result.clone(),
-            error: o.error.as_ref().map(|e| ErrorView {
-                code: e.code.as_str().to_string(),
-                message: e.message.clone(),
-            }),
-        }
-    }
 }
 
 /// The HTTP status of a rejection with this code.
@@ -376,20 +285,13 @@ impl ApiError {
         error
     }
 
-    pub fn action(e: ActionError) -> ApiError {
-        match e {
-            ActionError::NotFound(_) => ApiError::not_found(),
-            ActionError::Store(e) => ApiError::store(&e),
-            ActionError::Raced(key) => {
-                let mut error = ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("operation {key} changed while this action ran; read it again"),
-                );
-                error.0.outcome.operation_key = Some(key);
-                error
-            }
-            other => ApiError::new(ErrorCode::Conflict, other.to_string()),
+    /// An operator's read or action the app refused ([`OperatorError`]): its outcome, as a
+    /// problem; a store failure's detail goes to the log.
+    pub fn operator(e: OperatorError) -> ApiError {
+        if let OperatorError::StoreUnavailable(detail) = &e {
+            tracing::warn!(error = %detail, "store error");
         }
+        ApiError::refused(&e.outcome())
     }
 }
 

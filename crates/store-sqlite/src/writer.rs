@@ -26,7 +26,7 @@
 //! twice: it holds its inputs and only reads them.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -58,11 +58,15 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Checkpoints the writer ran between batches so that the log could start over.
     pub rewinds: u64,
+    /// Of `commits`, those committed without an fsync of their own under `synchronous=FULL`:
+    /// every command in them was a claim before its dispatch marker (`Writer::submit_unsynced`).
+    pub unsynced_commits: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     commits: AtomicU64,
+    unsynced_commits: AtomicU64,
     commands: AtomicU64,
     longest_hold_nanos: AtomicU64,
     longest_work_nanos: AtomicU64,
@@ -72,6 +76,7 @@ impl Counters {
     fn snapshot(&self) -> Stats {
         Stats {
             commits: self.commits.load(Ordering::Relaxed),
+            unsynced_commits: self.unsynced_commits.load(Ordering::Relaxed),
             commands: self.commands.load(Ordering::Relaxed),
             longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
             longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
@@ -187,6 +192,48 @@ struct Shared {
     /// The write-ahead log's length and what the checkpoints copied of it: the writer rewinds
     /// the log between batches when it is due (`checkpoint`).
     log: Arc<Log>,
+    /// The connection's `synchronous` setting and, under `FULL`, whether it is lowered now.
+    sync: SyncLevel,
+}
+
+/// Under `synchronous=FULL`, a transaction that holds only a write nobody waits to be durable
+/// (a claim before its dispatch marker) commits at `NORMAL`: into the write-ahead log without
+/// an fsync. The next durable commit syncs the log up to its own end, so that write reaches the
+/// disk with it, in log order (a machine crash before then loses it with everything after).
+/// SQLite refuses to change the setting inside a transaction, so it is chosen before `BEGIN`:
+/// lowered only for a lone caller's own transaction (its one command is known), at `FULL` for
+/// every batch of the writer thread, whose later commands are not known when it begins.
+struct SyncLevel {
+    /// The store was opened with `synchronous=FULL`; otherwise nothing is ever changed.
+    full: bool,
+    /// The connection is at `NORMAL` now (only ever true when `full`). Read and written under
+    /// the connection's mutex.
+    lowered: AtomicBool,
+}
+
+impl SyncLevel {
+    /// Puts the connection, outside any transaction, at the level the next one needs. Failing
+    /// to lower it is harmless (the commit is then durable); failing to raise it again is an
+    /// error, and the transaction must not commit.
+    fn prepare(&self, conn: &Connection, durable: bool) -> Result<(), Error> {
+        let lower = self.full && !durable;
+        if self.lowered.load(Ordering::Relaxed) == lower {
+            return Ok(());
+        }
+        let pragma = if lower {
+            "PRAGMA synchronous=NORMAL"
+        } else {
+            "PRAGMA synchronous=FULL"
+        };
+        match run_cached(conn, pragma) {
+            Ok(()) => {
+                self.lowered.store(lower, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(_) if lower => Ok(()),
+            Err(e) => Err(classify("setting synchronous back to FULL", &e)),
+        }
+    }
 }
 
 impl Writer {
@@ -194,6 +241,7 @@ impl Writer {
         conn: Connection,
         max_batch: usize,
         log: Arc<Log>,
+        full: bool,
     ) -> Result<Writer, Error> {
         let shared = Arc::new(Shared {
             conn: Mutex::new(conn),
@@ -202,6 +250,10 @@ impl Writer {
             counters: Counters::default(),
             max_batch: max_batch.max(1),
             log,
+            sync: SyncLevel {
+                full,
+                lowered: AtomicBool::new(false),
+            },
         });
         let (queue, commands) = mpsc::channel();
         let writing = Arc::clone(&shared);
@@ -219,6 +271,26 @@ impl Writer {
     /// Queues `work` and waits until the batch that carried it has committed. `work` may run
     /// twice (see the module documentation): only its last run's result is answered.
     pub(crate) async fn submit<T, W>(&self, work: W) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
+    {
+        self.submit_as(true, work).await
+    }
+
+    /// [`Writer::submit`] for a write whose caller does not wait for it to be durable (a claim
+    /// before its dispatch marker, `Store::claim_before_marker`): answered once committed,
+    /// which under `synchronous=FULL` is before its fsync when the caller commits it alone
+    /// (see [`SyncLevel`]); in the writer thread's batches it is as durable as the rest.
+    pub(crate) async fn submit_unsynced<T, W>(&self, work: W) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
+    {
+        self.submit_as(false, work).await
+    }
+
+    async fn submit_as<T, W>(&self, durable: bool, work: W) -> Result<T, Error>
     where
         T: Send + 'static,
         W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
@@ -248,9 +320,11 @@ impl Writer {
                 if self.shared.log.overdue() {
                     checkpoint::rewind(&self.shared.log, &conn);
                 }
+                let level = self.shared.sync.prepare(&conn, durable);
                 let mut batch = Open::begin(&conn, 1);
+                batch.fail_on(level);
                 batch.add(command);
-                batch.finish(&self.shared.counters)
+                batch.finish(&self.shared)
             });
             drop(conn);
             finished.answer();
@@ -344,7 +418,9 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         // How many commands the previous batch held: the size of the wave of concurrent
         // callers.
         let wave = shared.wave.load(Ordering::Relaxed);
+        let level = shared.sync.prepare(&conn, true);
         let mut batch = Open::begin(&conn, max_batch);
+        batch.fail_on(level);
         batch.add(first);
         // Each command runs as soon as it is taken, so the writer works while the rest of the
         // batch is still arriving rather than waiting for it and then working.
@@ -373,7 +449,7 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         }
         let taken = batch.len();
         shared.wave.store(taken, Ordering::Relaxed);
-        let finished = batch.finish(&shared.counters);
+        let finished = batch.finish(shared);
         drop(conn);
         shared.queued.fetch_sub(taken, Ordering::Relaxed);
         finished.answer();
@@ -426,6 +502,14 @@ impl<'c> Open<'c> {
         self.commands.len()
     }
 
+    /// Breaks the transaction before its first command when the connection could not be put at
+    /// the durability it needs: nothing in it runs or commits.
+    fn fail_on(&mut self, level: Result<(), Error>) {
+        if let (None, Err(e)) = (&self.broken, level) {
+            self.broken = Some(e);
+        }
+    }
+
     fn is_broken(&self) -> bool {
         self.broken.is_some()
     }
@@ -472,7 +556,8 @@ impl<'c> Open<'c> {
 
     /// Commits, or rolls back a broken transaction; what each command answers is in what it
     /// returns.
-    fn finish(mut self, counters: &Counters) -> Finished {
+    fn finish(mut self, shared: &Shared) -> Finished {
+        let counters = &shared.counters;
         let conn = self.tx.conn;
         let worked = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counters
@@ -490,6 +575,9 @@ impl<'c> Open<'c> {
             match run_cached(conn, "COMMIT") {
                 Ok(()) => {
                     counters.commits.fetch_add(1, Ordering::Relaxed);
+                    if shared.sync.lowered.load(Ordering::Relaxed) {
+                        counters.unsynced_commits.fetch_add(1, Ordering::Relaxed);
+                    }
                     counters
                         .commands
                         .fetch_add(self.commands.len() as u64, Ordering::Relaxed);
@@ -586,7 +674,7 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.sqlite")).expect("a database");
         conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")
             .expect("a table");
-        Writer::spawn(conn, 64, Arc::default()).expect("a writer")
+        Writer::spawn(conn, 64, Arc::default(), false).expect("a writer")
     }
 
     fn names(dir: &tempfile::TempDir) -> Vec<String> {

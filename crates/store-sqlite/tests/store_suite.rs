@@ -557,6 +557,117 @@ fn child_test(name: &str) -> Command {
     command
 }
 
+/// A claim before its dispatch marker commits at `synchronous=NORMAL` (no fsync of its own)
+/// when it has its transaction to itself, and the next durable write commits at `FULL` again:
+/// counted by the writer, whose count of unsynced commits only grows when the connection was
+/// lowered at `COMMIT`. Under `NORMAL` or `OFF` nothing is ever changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_before_its_marker_skips_only_its_own_fsync() {
+    let Fresh { dir, store } = fresh();
+    let key = "acme:prod:wf-lazy:s1";
+    let before = store.stats();
+    let claimed = store
+        .claim_before_marker(record(key, pending("w1", 31_000)), Vec::new())
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Claimed::Inserted(_)), "{claimed:?}");
+    let lazy = store.stats();
+    assert_eq!(lazy.commits - before.commits, 1);
+    assert_eq!(lazy.unsynced_commits - before.unsynced_commits, 1);
+    // Committed, so visible: another connection to the file reads it.
+    let other = open(&dir.path().join("idemgate.db"));
+    let seen = other.get(&record(key, pending("w1", 31_000)).key).await;
+    assert!(matches!(seen, Ok(Some(_))), "{seen:?}");
+
+    // The same key claimed again is answered from the row; durable writes after it are synced.
+    let again = store
+        .claim_before_marker(record(key, pending("w2", 31_000)), Vec::new())
+        .await
+        .expect("claim");
+    assert!(matches!(again, Claimed::Existing(_)), "{again:?}");
+    let durable = record("acme:prod:wf-lazy:s2", pending("w1", 31_000));
+    store.claim(durable, Vec::new()).await.expect("claim");
+    let after = store.stats();
+    assert_eq!(
+        after.unsynced_commits,
+        lazy.unsynced_commits + 1,
+        "only the repeated lazy claim (it wrote nothing) may go unsynced: {after:?}"
+    );
+    let durable = record("acme:prod:wf-lazy:s3", pending("w1", 31_000));
+    store.claim(durable, Vec::new()).await.expect("claim");
+    let last = store.stats();
+    assert_eq!(last.commits - after.commits, 1);
+    assert_eq!(last.unsynced_commits, after.unsynced_commits, "{last:?}");
+
+    for synchronous in [Synchronous::Normal, Synchronous::Off] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let options = Options {
+            synchronous,
+            ..Options::default()
+        };
+        let store = SqliteStore::open(dir.path().join("idemgate.db"), options).expect("open");
+        store
+            .claim_before_marker(record(key, pending("w1", 31_000)), Vec::new())
+            .await
+            .expect("claim");
+        assert_eq!(store.stats().unsynced_commits, 0, "{synchronous:?}");
+    }
+}
+
+const CHILD_LAZY: &str = "IDEMGATE_SQLITE_CHILD_LAZY";
+
+/// Run as a child by `a_process_killed_after_a_claim_before_its_marker_keeps_it`: claims before
+/// a marker, says so, and waits to be killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_lazy_claimer() {
+    let Some(path) = std::env::var_os(CHILD_LAZY) else {
+        return;
+    };
+    let store = open(&PathBuf::from(path));
+    let r = record("acme:prod:wf-kill:s1", pending("child", 31_000));
+    let claimed = store
+        .claim_before_marker(r, Vec::new())
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Claimed::Inserted(_)));
+    println!("\n{REPORT}1");
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+}
+
+/// A process killed (SIGKILL) right after a claim before its marker was answered: the claim is
+/// in the file for the next process, since only a machine crash can lose an unsynced commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_after_a_claim_before_its_marker_keeps_it() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("idemgate.db");
+    drop(open(&path));
+    let mut child = child_test("child_lazy_claimer")
+        .env(CHILD_LAZY, &path)
+        .spawn()
+        .expect("the child starts");
+    let out = BufReader::new(child.stdout.take().expect("its output"));
+    let mut claimed = false;
+    for line in out.lines() {
+        if line.expect("a line").starts_with(REPORT) {
+            claimed = true;
+            break;
+        }
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    assert!(claimed, "the child never claimed");
+    let store = open(&path);
+    let found = store
+        .get(&record("acme:prod:wf-kill:s1", pending("child", 31_000)).key)
+        .await
+        .expect("get");
+    assert!(
+        matches!(&found, Some(r) if r.state == pending("child", 31_000)),
+        "{found:?}"
+    );
+}
+
 #[tokio::test]
 async fn synchronous_modes_open() {
     for synchronous in [Synchronous::Full, Synchronous::Normal, Synchronous::Off] {

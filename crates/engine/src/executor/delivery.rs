@@ -374,6 +374,16 @@ impl Executor {
                     .instrument(tracing::debug_span!("claim"))
                     .await
             }
+            // A claim sent at once is followed by its durable dispatch marker before any byte
+            // leaves (`perform`): it need not be durable itself, since losing it to a machine
+            // crash before the marker loses nothing done under it. A claim held for approval
+            // is answered as it stands, so it is made durable.
+            None if matches!(hold, Hold::No) && contract.uses_dispatch_marker() => {
+                self.store
+                    .claim_before_marker(record, events)
+                    .instrument(tracing::debug_span!("claim"))
+                    .await
+            }
             None => {
                 self.store
                     .claim(record, events)

@@ -49,7 +49,7 @@ use idemgate_app::ActError;
 const HIDDEN: &str = "(hidden: the authorization recheck refused this read)";
 
 /// The longest reason kept, in characters (as API v1's deny).
-pub const MAX_REASON: usize = 500;
+pub const MAX_REASON: usize = idemgate_app::operations::MAX_REASON_CHARS;
 
 struct Step {
     kind: String,

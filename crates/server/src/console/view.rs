@@ -50,49 +50,17 @@ pub fn age(at: Millis, now: Millis) -> String {
     }
 }
 
-/// `2026-12-01 16:11:31 UTC` (milliseconds since the epoch, proleptic Gregorian calendar).
+/// `2026-12-01 16:11:31 UTC` (milliseconds since the epoch, proleptic Gregorian calendar):
+/// API v1's RFC 3339 time, to the second.
 pub fn utc(at: Millis) -> String {
-    let seconds = at.div_euclid(1000);
-    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let (year, month, day) = civil(days);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
+    let exact = rfc3339(at);
+    match exact.split_once('T') {
+        Some((date, time)) => format!("{date} {} UTC", time.get(..8).unwrap_or(time)),
+        None => exact,
+    }
 }
 
-/// `2026-12-01T16:11:31.042Z`: RFC 3339 in UTC with milliseconds, as API v1 shows times beside
-/// their epoch milliseconds.
-pub fn rfc3339(at: Millis) -> String {
-    let seconds = at.div_euclid(1000);
-    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let (year, month, day) = civil(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60,
-        at.rem_euclid(1000)
-    )
-}
-
-/// The calendar date of a day count since 1970-01-01, by eras of 400 years (146 097 days).
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    // Months counted from March, so that a leap day ends the year.
-    let m = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * m + 2) / 5 + 1;
-    let month = if m < 10 { m + 3 } else { m - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
+pub use idemgate_app::views::rfc3339;
 
 /// An operation key as one path segment: every byte but the unreserved ones percent-encoded
 /// (key parts may hold `/`, `?`, `#`, `%` or spaces).
@@ -187,10 +155,8 @@ mod tests {
     fn utc_dates() {
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc(1_795_827_723_000), "2026-11-28 01:02:03 UTC");
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_795_827_723_042), "2026-11-28T01:02:03.042Z");
-        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(utc(1_795_827_723_042), "2026-11-28 01:02:03 UTC");
+        assert_eq!(utc(-1), "1969-12-31 23:59:59 UTC");
     }
 
     #[test]
