@@ -162,6 +162,44 @@ mod tests {
         }
     }
 
+    /// Each refusal of the operator's answers: its status, and its problem's title and type,
+    /// as API v1 sends them (an unavailable store's with a retry after a second, its detail
+    /// kept out of the answer).
+    #[test]
+    fn an_operator_refusal_is_answered_as_api_v1_answers_it() {
+        use crate::OperatorError;
+        use idemgate_core::store;
+        let check = |e: OperatorError, status: u16, title: &str, retry: Option<u64>| {
+            let problem = e.problem("https://gate.example");
+            assert_eq!(e.status(), status, "{e:?}");
+            assert_eq!(problem.status, status, "{e:?}");
+            assert_eq!(problem.title, title, "{e:?}");
+            let code = e.code().as_str();
+            assert_eq!(
+                problem.problem_type,
+                format!("https://gate.example/problems/{code}")
+            );
+            assert_eq!(problem.detail, e.to_string(), "{e:?}");
+            assert_eq!(problem.retry_after_seconds, retry, "{e:?}");
+        };
+        check(OperatorError::NotFound, 404, "Not found", None);
+        let tool = "local.refund".to_string();
+        check(OperatorError::NotServed { tool }, 422, "Conflict", None);
+        let message = "operation k is applied, so it cannot be denied".to_string();
+        check(
+            OperatorError::Conflict { key: None, message },
+            422,
+            "Conflict",
+            None,
+        );
+        let invalid = OperatorError::Invalid("limit is between 1 and 500".into());
+        check(invalid, 400, "Invalid arguments", None);
+        let down = store::Error::Unavailable("connection refused to db:5432".into());
+        let down = OperatorError::StoreUnavailable(down);
+        assert!(!down.problem("").detail.contains("db:5432"));
+        check(down, 503, "Store unavailable", Some(1));
+    }
+
     #[test]
     fn a_problem_carries_the_outcomes_members() {
         let o = Outcome::rejected(None, ErrorCode::Conflict, "operation k is applied");
