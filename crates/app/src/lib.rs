@@ -25,6 +25,9 @@
 //!    answer of every face), [`views::OperationView`], [`views::OperationSummary`],
 //!    [`views::OperationList`]. With the feature `openapi` they describe their schemas too
 //!    ([`openapi`]), for the HTTP face's OpenAPI document.
+//! 7. [`problems`] — a rejection as API v1 answers it, without HTTP types: each error code's
+//!    status number and title, and the problem document ([`problems::Problem`]) that the
+//!    server sends and `idemgate ops --store` prints alike.
 //!
 //! [`config`] is the configuration file every face reads — the application's part of it, the
 //! faces' sections read from the same text by the faces, and [`config::File::assembly`], the
@@ -40,6 +43,7 @@ pub mod in_process;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod operations;
+pub mod problems;
 pub mod tools;
 pub mod views;
 

@@ -16,8 +16,10 @@
 //! [`crate::views`], a listing's [`ListQuery`] checked by [`list_filter`] and scoped by a
 //! [`Scope`]), and [`App::reconcile_request`], [`App::approve_request`],
 //! [`App::deny_request`] (the requests as read, with [`reason_of`]). Each refusal is an
-//! [`OperatorError`] whose kind is one error code and whose message is the refusal's; the
-//! HTTP face turns it into a status and a problem document, `idemgate ops --store` prints it.
+//! [`OperatorError`] whose kind is one error code and whose message is the refusal's, with
+//! the status and problem document API v1 answers ([`OperatorError::status`],
+//! [`OperatorError::problem`], from [`crate::problems`]): the HTTP face sends them, `idemgate
+//! ops --store` prints the same.
 
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
@@ -29,6 +31,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::assembly::App;
+use crate::problems::{self, Problem};
 use crate::tools::Tool;
 use crate::views::{self, OperationList, OperationView, OutcomeView};
 
@@ -312,15 +315,32 @@ impl OperatorError {
     }
 
     /// The refusal as the labelled outcome every face answers (`rejected`, with its code and
-    /// message; the key when the operation raced).
+    /// message; the key when the operation raced; for an unavailable store, a retry after a
+    /// second).
     pub fn outcome(&self) -> Outcome {
         match self {
             OperatorError::Denied(outcome) => outcome.as_ref().clone(),
             OperatorError::Conflict { key, .. } => {
                 Outcome::rejected(key.clone(), self.code(), self.to_string())
             }
+            OperatorError::StoreUnavailable(_) => {
+                let mut outcome = Outcome::rejected(None, self.code(), self.to_string());
+                outcome.retry_after_seconds = Some(1);
+                outcome
+            }
             other => Outcome::rejected(None, other.code(), other.to_string()),
         }
+    }
+
+    /// The status API v1 answers the refusal with ([`problems::status`] of its code).
+    pub fn status(&self) -> u16 {
+        problems::status(self.code())
+    }
+
+    /// The refusal as API v1's problem document, its `type` under `base` (empty for the
+    /// relative `/problems/<code>`).
+    pub fn problem(&self, base: &str) -> Problem {
+        Problem::of(&self.outcome(), self.status(), base)
     }
 }
 

@@ -234,6 +234,27 @@ pub fn summary(record: &Record) -> OperationSummary {
     }
 }
 
+/// A record's summary as the in-process packages hand it to their language (`crates/py`,
+/// `crates/node`): [`summary`]'s members and values without the RFC 3339 spellings of its
+/// times, which are API v1's addition (a language's own date type reads the milliseconds).
+pub fn in_process_summary(record: &Record) -> Value {
+    let s = summary(record);
+    serde_json::json!({
+        "operation_key": s.operation_key,
+        "tool": s.tool,
+        "tool_version": s.tool_version,
+        "record_status": s.record_status,
+        "fingerprint": s.fingerprint,
+        "attempt": s.attempt,
+        "effect_reference": s.effect_reference,
+        "job_id": s.job_id,
+        "approved_by": s.approved_by,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "expires_at": s.expires_at,
+    })
+}
+
 /// An event as API v1 shows it.
 pub fn event_view(e: Event) -> EventView {
     EventView {

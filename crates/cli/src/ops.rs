@@ -3,9 +3,10 @@
 //! `--store URL` on a store directly, without a gateway: the store is opened here and every
 //! answer is the app's own, the one API v1 sends (`idemgate_app`'s operator answers over an
 //! `App`: the same read models, the same refusals), so output and exit statuses are the same
-//! either way. Over a store there is no HTTP: a refusal is named by its error code alone, and
-//! `--json` prints a refusal as its labelled outcome rather than a problem document. Over a
-//! store, records of a tool not loaded here (`--contracts`) — a tool of an in-process
+//! either way: with no HTTP in between, an answer still carries the status API v1 would send,
+//! and a refusal its problem document (`idemgate_app::problems`, which the server sends too),
+//! so a refusal reads `(404 not_found)` and `--json` prints the same document. Over a store,
+//! records of a tool not loaded here (`--contracts`) — a tool of an in-process
 //! `idemgate.Local`, say — are resolved by hand (`reconcile --applied --reference REF`,
 //! `--not-applied`, `deny`), never looked up.
 //!
@@ -36,9 +37,10 @@ use anyhow::{Context, anyhow, bail};
 use comfy_table::{Table, presets};
 use idemgate_app::OperatorError;
 use idemgate_app::operations::{ListQuery, Scope};
+use idemgate_app::problems::{self, Problem};
 use idemgate_app::views::OutcomeView as Labelled;
 use idemgate_core::outcome::{Outcome, Status};
-use reqwest::{Method, Url};
+use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -192,7 +194,7 @@ fn non_empty(text: &str) -> Result<String, String> {
 
 // ---------------------------------------------------------------------------------------------
 // The gateway's shapes, as this client reads them (the app's read models,
-// crates/app/src/views.rs, and the server's problem documents, crates/server/src/wire.rs).
+// crates/app/src/views.rs, and its problem documents, crates/app/src/problems.rs).
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 struct Summary {
@@ -272,15 +274,11 @@ struct OperationList {
 // ---------------------------------------------------------------------------------------------
 // The client.
 
-/// One answer of the gateway, or of the app over a store.
+/// One answer of the gateway, or of the app over a store (with the status API v1 answers).
 #[derive(Debug)]
 struct Reply {
-    /// The HTTP status of a gateway's answer; none for an answer made here over a store.
-    http: Option<u16>,
-    /// The request was answered as asked (a 2xx; over a store, anything but a refusal).
-    ok: bool,
-    /// A rejection: an RFC 9457 problem (`application/problem+json`) from a gateway, a
-    /// `rejected` outcome over a store.
+    status: StatusCode,
+    /// An RFC 9457 problem (`application/problem+json`): a rejection.
     problem: bool,
     body: Value,
     /// The body as the gateway wrote it, for `--json`.
@@ -301,19 +299,12 @@ impl Reply {
             .to_string()
     }
 
-    /// "404 not_found" from a gateway, "not_found" over a store.
+    /// "404 not_found".
     fn label(&self) -> String {
-        match (self.http, self.code()) {
-            (Some(status), Some(code)) => format!("{status} {code}"),
-            (Some(status), None) => status.to_string(),
-            (None, Some(code)) => code.to_string(),
-            (None, None) => "refused".into(),
+        match self.code() {
+            Some(code) => format!("{} {code}", self.status.as_u16()),
+            None => self.status.as_u16().to_string(),
         }
-    }
-
-    /// The HTTP status, 0 over a store (which matches no status of a gateway's refusal).
-    fn status(&self) -> u16 {
-        self.http.unwrap_or_default()
     }
 }
 
@@ -426,8 +417,7 @@ impl Client {
             )
         })?;
         Ok(Reply {
-            http: Some(status.as_u16()),
-            ok: status.is_success(),
+            status,
             problem,
             body,
             raw: String::from_utf8_lossy(&bytes).into_owned(),
@@ -442,7 +432,7 @@ impl Client {
             Needs::AnyToken(action) => (action, false),
             Needs::Operator(action) => (action, true),
         };
-        match (reply.status(), reply.code()) {
+        match (reply.status.as_u16(), reply.code()) {
             (401, _) => anyhow!(
                 "the gateway refused the token in {TOKEN_VAR} ({label}: {detail}); it is not one \
                  of this gateway's tokens"
@@ -481,7 +471,7 @@ impl Client {
             )
             .await
             .ok()?;
-        match (reply.status(), reply.code()) {
+        match (reply.status.as_u16(), reply.code()) {
             (200, _) => Some(true),
             (403, Some("forbidden")) => Some(false),
             _ => None,
@@ -611,29 +601,33 @@ impl Reply {
     /// A read made here: the read model as API v1 sends it, or the refusal.
     fn read<T: Serialize>(answer: Result<T, OperatorError>) -> anyhow::Result<Reply> {
         match answer {
-            Ok(view) => Reply::made(true, false, &view),
+            Ok(view) => Reply::made(200, false, &view),
             Err(e) => Reply::refusal(e),
         }
     }
 
-    /// An action's outcome made here, labelled as every face labels it.
+    /// An action's outcome made here, as API v1 answers it: with its status, and a rejection
+    /// (a denial's, say) as a problem document.
     fn outcome(outcome: &Outcome) -> anyhow::Result<Reply> {
-        let rejected = outcome.status == Status::Rejected;
-        Reply::made(true, rejected, &Labelled::from(outcome))
+        let status = problems::outcome_status(outcome);
+        if outcome.status == Status::Rejected {
+            // Made without a gateway, the problem's type is the relative `/problems/<code>`.
+            Reply::made(status, true, &Problem::of(outcome, status, ""))
+        } else {
+            Reply::made(status, false, &Labelled::from(outcome))
+        }
     }
 
-    /// A refusal made here: its `rejected` outcome, with the code and message the gateway's
-    /// problem document carries.
+    /// A refusal made here: API v1's status and problem document.
     fn refusal(e: OperatorError) -> anyhow::Result<Reply> {
-        Reply::made(false, true, &Labelled::from(&e.outcome()))
+        Reply::made(e.status(), true, &e.problem(""))
     }
 
-    fn made(ok: bool, problem: bool, answer: &impl Serialize) -> anyhow::Result<Reply> {
+    fn made(status: u16, problem: bool, answer: &impl Serialize) -> anyhow::Result<Reply> {
         let raw = serde_json::to_string(answer).context("writing an answer")?;
         let body = serde_json::from_str(&raw).context("an answer that is not JSON")?;
         Ok(Reply {
-            http: None,
-            ok,
+            status: StatusCode::from_u16(status).context("an answer with an unknown status")?,
             problem,
             body,
             raw,
@@ -679,7 +673,7 @@ impl Target {
             }
             Target::Store(local) => local.get(key).await?,
         };
-        if !reply.ok {
+        if !reply.status.is_success() {
             let reading = Needs::AnyToken("reading the operation");
             return Err(self.refusal(&reply, Some(key), reading).await);
         }
@@ -699,13 +693,13 @@ impl Target {
         let action = match needs {
             Needs::AnyToken(action) | Needs::Operator(action) => action,
         };
-        match reply.code() {
-            Some("not_found") if key.is_some() => anyhow!(
+        match (reply.status.as_u16(), reply.code()) {
+            (404, Some("not_found")) if key.is_some() => anyhow!(
                 "no operation {} in the store {} ({label})",
                 key.unwrap_or_default(),
                 local.url
             ),
-            Some("store_unavailable") => anyhow!(
+            (503, _) => anyhow!(
                 "{action}: the store {} is unavailable ({label}): {detail}; nothing changed, \
                  retry later",
                 local.url
@@ -838,7 +832,7 @@ async fn list_operations(client: &Target, a: ListArgs, json: bool) -> anyhow::Re
         query.push(("after", after.clone()));
     }
     let reply = client.list(&query).await?;
-    if !reply.ok {
+    if !reply.status.is_success() {
         let listing = Needs::Operator("listing operations");
         return Err(client.refusal(&reply, None, listing).await);
     }

@@ -5,7 +5,8 @@
 //! up or approved. Every effect is counted on the ledger the tool writes.
 //!
 //! On SQLite always; on PostgreSQL too when `DATABASE_URL` is set (a fresh database, dropped
-//! after).
+//! after). Every refusal reads as it does through a gateway: the same status and code in the
+//! message, the same problem document with `--json`.
 
 mod support;
 
@@ -21,8 +22,8 @@ use idemgate_core::record::Receipt;
 use idemgate_core::store::BoxFuture;
 use idemgate_engine::Caller;
 use idemgate_store_postgres::testing::fresh_database;
-use serde_json::json;
-use support::Run;
+use serde_json::{Value, json};
+use support::{Gateway, OPERATOR, Run};
 
 const REFUND: &str = r#"
 name: local.refund
@@ -82,8 +83,8 @@ impl Downstream for Refunds {
     }
 }
 
-/// The process with the tool, over `url`.
-async fn writer(url: &str, ledger: &Arc<Ledger>) -> App {
+/// The process with the tool, over `url`, in `environment`.
+async fn writer(url: &str, ledger: &Arc<Ledger>, environment: &str) -> App {
     let tool = Tool {
         contract: Arc::new(Contract::load(REFUND, "local.refund.yaml").unwrap()),
         downstream: Arc::new(Refunds(ledger.clone())),
@@ -92,7 +93,7 @@ async fn writer(url: &str, ledger: &Arc<Ledger>) -> App {
     let store = idemgate_app::open_store(url, idemgate_core::audit::Sealer::unsigned())
         .await
         .unwrap();
-    Assembly::new(store, ToolSet::from_tools(vec![tool]).unwrap(), "dev").build()
+    Assembly::new(store, ToolSet::from_tools(vec![tool]).unwrap(), environment).build()
 }
 
 async fn deliver(app: &App, workflow: &str, queue: &str) -> Outcome {
@@ -132,7 +133,7 @@ fn expect_code(run: &Run, code: i32) {
 /// The whole story over one store URL.
 async fn resolves_by_hand_over(url: &str) {
     let ledger = Arc::new(Ledger::default());
-    let app = writer(url, &ledger).await;
+    let app = writer(url, &ledger, "dev").await;
     let effects = || ledger.effects.load(Ordering::SeqCst);
 
     // An answer lost after the effect: unknown.
@@ -306,4 +307,120 @@ async fn a_bad_store_url_and_a_store_beside_a_gateway_are_refused() {
     .unwrap();
     expect_code(&both, 2);
     assert!(both.stderr.contains("--store"), "{both:?}");
+}
+
+/// What a refusal printed with `--json`, apart from what differs by nature: a gateway's problem
+/// `type` is under its own address, one made over a store is the relative `/problems/<code>`.
+fn document(run: &Run) -> Option<Value> {
+    if run.stdout.trim().is_empty() {
+        return None;
+    }
+    let mut doc = run.json();
+    if let Some(Value::String(t)) = doc.get_mut("type") {
+        *t = t[t.find("/problems/").expect("a problem type")..].to_string();
+    }
+    Some(doc)
+}
+
+/// `ops --store` answers every refusal as `ops` through a gateway does over the same records
+/// (two stores written alike, a gateway over one): the same exit status, the same `(422
+/// conflict)` in the message, and with `--json` the same problem document (API v1's, made in
+/// the process). Nothing is sent by any of them: the ledger counts no effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_over_a_store_reads_as_through_a_gateway() {
+    let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = format!("sqlite://{}", here.path().join("gate.sqlite").display());
+    let gated = format!("sqlite://{}", there.path().join("gate.sqlite").display());
+    let ledger = Arc::new(Ledger::default());
+    let mut writers = Vec::new();
+    for url in [&store, &gated] {
+        let app = writer(url, &ledger, support::ENVIRONMENT).await;
+        assert_eq!(deliver(&app, "run_1", "main").await.status, Status::Applied);
+        assert_ne!(
+            deliver(&app, "run_2", "review").await.status,
+            Status::Applied
+        );
+        assert_ne!(
+            deliver(&app, "run_3", "review").await.status,
+            Status::Applied
+        );
+        ledger.lose_answers.store(true, Ordering::SeqCst);
+        assert_eq!(deliver(&app, "run_4", "main").await.status, Status::Unknown);
+        ledger.lose_answers.store(false, Ordering::SeqCst);
+        writers.push(app);
+    }
+    let effects = || ledger.effects.load(Ordering::SeqCst);
+    assert_eq!(effects(), 4, "run_1 and run_4 on each store");
+    // The gateway serves the examples, not `local.refund`: its records are resolved by hand
+    // there too.
+    let config = format!(
+        "{}{}",
+        support::config_head(there.path(), &support::example_contracts(), true),
+        support::tenants()
+    );
+    let gateway = Gateway::start(there, &config);
+
+    let k = |run: &str| format!("acme:{}:{run}:refund", support::ENVIRONMENT);
+    let (applied, held, denied) = (k("run_1"), k("run_2"), k("run_3"));
+    let (unknown, missing) = (k("run_4"), k("run_9"));
+    // (the command, the label of its refusal)
+    let cases: &[(&[&str], &str)] = &[
+        (&["show", &missing], "404 not_found"),
+        (&["approve", &missing], "404 not_found"),
+        (&["approve", &held, "--reason", "fine"], "422 conflict"),
+        (&["reconcile", &unknown], "422 conflict"),
+        (
+            &["reconcile", &applied, "--applied", "--reference", "r-1"],
+            "422 conflict",
+        ),
+        (&["deny", &applied, "--reason", "late"], "422 conflict"),
+        (
+            &["approve", &held, "--fingerprint", "sha256:nonsense"],
+            "400 invalid_arguments",
+        ),
+    ];
+    for (args, label) in cases {
+        let local = ops(&store, args).await;
+        let remote = support::ops(&gateway, OPERATOR, args).await;
+        for run in [&local, &remote] {
+            expect_code(run, 2);
+            assert!(
+                run.stderr.contains(&format!("({label}")),
+                "{args:?}: {run:?}"
+            );
+        }
+        let mut json = args.to_vec();
+        json.push("--json");
+        let local = ops(&store, &json).await;
+        let remote = support::ops(&gateway, OPERATOR, &json).await;
+        assert_eq!(local.code, remote.code, "{args:?}: {local:?} {remote:?}");
+        assert_eq!(document(&local), document(&remote), "{args:?}");
+        if let Some(doc) = document(&local) {
+            assert_eq!(
+                format!(
+                    "{} {}",
+                    doc["status"],
+                    doc["error"]["code"].as_str().unwrap()
+                ),
+                *label
+            );
+        }
+    }
+    // A denial's answer is the refusal every later delivery gets: a problem, and success.
+    let deny = ["deny", &denied, "--reason", "a duplicate", "--json"];
+    let local = ops(&store, &deny).await;
+    let remote = support::ops(&gateway, OPERATOR, &deny).await;
+    expect_code(&local, 0);
+    expect_code(&remote, 0);
+    assert_eq!(document(&local), document(&remote));
+    assert_eq!(local.json()["status"], 403, "{local:?}");
+    for app in &writers {
+        let replayed = deliver(app, "run_3", "review").await;
+        assert_eq!(
+            replayed.error.as_ref().map(|e| e.code),
+            Some(ErrorCode::ApprovalDenied),
+            "{replayed:?}"
+        );
+    }
+    assert_eq!(effects(), 4, "no refusal and no denial sent anything");
 }

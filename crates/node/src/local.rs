@@ -13,11 +13,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use idemgate_app::operations::reason_of;
+use idemgate_app::views;
 use idemgate_app::{ActError, App, Assembly, Background, Recovery, Tool, ToolSet};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, Outcome};
-use idemgate_core::record::{Dispatch, NOT_SETTLED, Record, RecordState, RecordStatus};
+use idemgate_core::record::RecordStatus;
 use idemgate_core::store::Filter;
 use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
 use napi::bindgen_prelude::Object;
@@ -28,11 +30,6 @@ use serde_json::{Value, json};
 use crate::effect::{AuthorizeFn, JsEffect, JsHook, LookupFn, PerformFn, PollFn};
 use crate::runtime::{self, promise};
 use crate::spec;
-
-/// The reason recorded for an operator's action that gave none (as the gateway records it).
-const DEFAULT_REASON: &str = "no reason given";
-/// The longest reason kept, in characters; a longer one is cut, not refused.
-const MAX_REASON_CHARS: usize = 500;
 
 fn invalid(message: impl Into<String>) -> Error {
     Error::new(Status::InvalidArg, message.into())
@@ -47,13 +44,6 @@ fn check_part(name: &str, value: &str) -> napi::Result<()> {
     OperationKey::new(tenant, environment, "w", "s")
         .map(|_| ())
         .map_err(|e| invalid(format!("{name}: {e}")))
-}
-
-fn reason_of(given: Option<String>) -> String {
-    match given {
-        Some(text) if !text.trim().is_empty() => text.chars().take(MAX_REASON_CHARS).collect(),
-        Some(_) | None => DEFAULT_REASON.into(),
-    }
 }
 
 fn seconds(name: &str, value: f64) -> napi::Result<Duration> {
@@ -98,37 +88,6 @@ fn refused(key: Option<&OperationKey>, e: ActError) -> Outcome {
 /// The answer for a key that names no operation of this caller (a malformed one included).
 fn no_operation() -> Outcome {
     Outcome::rejected(None, ErrorCode::NotFound, "no such operation")
-}
-
-/// A record's stored state, with the members API v1 gives it.
-fn summary(record: &Record) -> Value {
-    let job_id = match &record.state {
-        RecordState::Pending {
-            dispatch: Dispatch::Job { job_id },
-            ..
-        } => Some(job_id.clone()),
-        RecordState::Unknown(evidence) => evidence.job_id.clone(),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => None,
-    };
-    json!({
-        "operation_key": record.key.as_str(),
-        "tool": record.tool,
-        "tool_version": record.tool_version,
-        "record_status": record.status().as_str(),
-        "fingerprint": record.fingerprint.as_str(),
-        "attempt": record.fence,
-        "effect_reference": record.effect_reference(),
-        "job_id": job_id,
-        "approved_by": record.approved_by,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at,
-        // Not a sentinel number: an unsettled record has no expiry yet (as API v1 says it).
-        "expires_at": (record.expires_at != NOT_SETTLED).then_some(record.expires_at),
-    })
 }
 
 /// One application over one store, serving the tools registered on it.
@@ -370,17 +329,8 @@ impl NativeLocal {
                     Some(StatusRead::Found { record, outcome }) => {
                         // Read after the record, as API v1 does: the trace that led there.
                         let events = app.executor().store().events(&key).await?;
-                        let mut body = summary(&record);
-                        body["receipt"] = match &record.state {
-                            RecordState::Applied(r) => {
-                                json!({"reference": r.reference, "result": r.result})
-                            }
-                            RecordState::Pending { .. }
-                            | RecordState::AwaitingApproval { .. }
-                            | RecordState::FailedPermanent(_)
-                            | RecordState::Unknown(_)
-                            | RecordState::Tombstone(_) => Value::Null,
-                        };
+                        let mut body = views::in_process_summary(&record);
+                        body["receipt"] = json!(views::receipt_view(&record));
                         body["events"] = events
                             .into_iter()
                             .map(|e| {
@@ -454,7 +404,7 @@ impl NativeLocal {
                 .then(|| records.last().map(|r| r.key.to_string()))
                 .flatten();
             Ok(json!({
-                "operations": records.iter().map(summary).collect::<Vec<_>>(),
+                "operations": records.iter().map(views::in_process_summary).collect::<Vec<_>>(),
                 "next_after": next_after,
             })
             .to_string())

@@ -13,11 +13,13 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idemgate_app::operations::reason_of;
+use idemgate_app::views;
 use idemgate_app::{ActError, App, Assembly, Background, Recovery, Tool, ToolSet};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
 use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
-use idemgate_core::record::{Dispatch, NOT_SETTLED, Record, RecordState, RecordStatus};
+use idemgate_core::record::{Record, RecordStatus};
 use idemgate_core::store::Filter;
 use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -30,11 +32,6 @@ use crate::convert::{to_json, to_py};
 use crate::effect::{Callable, CallerContext, Callers, PyEffect, PyHook};
 use crate::runtime::{self, awaitable, block_on};
 use crate::spec;
-
-/// The reason recorded for an operator's action that gave none (as the gateway records it).
-const DEFAULT_REASON: &str = "no reason given";
-/// The longest reason kept, in characters; a longer one is cut, not refused.
-const MAX_REASON_CHARS: usize = 500;
 
 /// One application over one store, serving the tools registered on it.
 #[pyclass(frozen, module = "idemgate._native")]
@@ -70,13 +67,6 @@ fn check_part(name: &str, value: &str) -> PyResult<()> {
     OperationKey::new(tenant, environment, "w", "s")
         .map(|_| ())
         .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
-}
-
-fn reason_of(given: Option<String>) -> String {
-    match given {
-        Some(text) if !text.trim().is_empty() => text.chars().take(MAX_REASON_CHARS).collect(),
-        Some(_) | None => DEFAULT_REASON.into(),
-    }
 }
 
 /// An outcome as the tuple the Python side reads.
@@ -140,37 +130,6 @@ fn refused(key: Option<&OperationKey>, e: ActError) -> Outcome {
         other => (ErrorCode::Conflict, other.to_string()),
     };
     Outcome::rejected(key.cloned(), code, message)
-}
-
-/// A record's stored state, with the members API v1 gives it.
-fn summary(record: &Record) -> Value {
-    let job_id = match &record.state {
-        RecordState::Pending {
-            dispatch: Dispatch::Job { job_id },
-            ..
-        } => Some(job_id.clone()),
-        RecordState::Unknown(evidence) => evidence.job_id.clone(),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => None,
-    };
-    json!({
-        "operation_key": record.key.as_str(),
-        "tool": record.tool,
-        "tool_version": record.tool_version,
-        "record_status": record.status().as_str(),
-        "fingerprint": record.fingerprint.as_str(),
-        "attempt": record.fence,
-        "effect_reference": record.effect_reference(),
-        "job_id": job_id,
-        "approved_by": record.approved_by,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at,
-        // Not a sentinel number: an unsettled record has no expiry yet (as API v1 says it).
-        "expires_at": (record.expires_at != NOT_SETTLED).then_some(record.expires_at),
-    })
 }
 
 /// What reading one operation found, before it is converted for Python.
@@ -526,17 +485,8 @@ impl NativeLocal {
                     Ok(None) => py.None().into_bound(py),
                     Ok(Some(Seen::Denied(outcome))) => tagged("denied", &outcome)?,
                     Ok(Some(Seen::Found(record, outcome, events))) => {
-                        let mut body = summary(&record);
-                        body["receipt"] = match &record.state {
-                            RecordState::Applied(r) => {
-                                json!({"reference": r.reference, "result": r.result})
-                            }
-                            RecordState::Pending { .. }
-                            | RecordState::AwaitingApproval { .. }
-                            | RecordState::FailedPermanent(_)
-                            | RecordState::Unknown(_)
-                            | RecordState::Tombstone(_) => Value::Null,
-                        };
+                        let mut body = views::in_process_summary(&record);
+                        body["receipt"] = json!(views::receipt_view(&record));
                         body["events"] = events
                             .into_iter()
                             .map(|e| {
@@ -609,7 +559,7 @@ impl NativeLocal {
                 .then(|| records.last().map(|r| r.key.to_string()))
                 .flatten();
             let page = json!({
-                "operations": records.iter().map(summary).collect::<Vec<_>>(),
+                "operations": records.iter().map(views::in_process_summary).collect::<Vec<_>>(),
                 "next_after": next_after,
             });
             Python::attach(|py| Ok(to_py(py, &page)?.unbind()))

@@ -28,8 +28,6 @@ use crate::wire::{ApiError, rejection_status};
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
     pub code: ErrorCode,
-    /// The problem's `title`: short, the same for every occurrence.
-    pub title: &'static str,
     /// What the gateway concluded.
     pub meaning: &'static str,
     /// What happened to the effect (the downstream's side) — the question a caller has first.
@@ -38,12 +36,18 @@ pub struct Entry {
     pub action: &'static str,
 }
 
+impl Entry {
+    /// The problem's `title`: the app's, which every problem document of the code carries.
+    pub fn title(&self) -> &'static str {
+        title(self.code)
+    }
+}
+
 /// Every code's entry, in the order of [`ALL_CODES`]. A code missing here is caught by the
 /// tests (`every_code_has_one_entry`) and by [`entry`], which would return `None`.
 pub const ENTRIES: &[Entry] = &[
     Entry {
         code: ErrorCode::InvalidArguments,
-        title: "Invalid arguments",
         meaning: "The request could not be taken as a call: the body is not strict JSON, has an \
                   unknown member or no `arguments`, is too large or too deep, or the arguments do \
                   not satisfy the tool's input schema. The detail names the place and the rule \
@@ -55,7 +59,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::MissingOperationKey,
-        title: "Missing operation key",
         meaning: "The tool is `key_based` or `irreversible`, and the call did not name its \
                   operation.",
         effect: "Nothing was claimed and nothing was sent.",
@@ -66,7 +69,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::InvalidOperationKey,
-        title: "Invalid operation key",
         meaning: "The operation was named in a form the gateway does not accept: an empty, \
                   over-long or unprintable part, a malformed `Idempotency-Key` header, only one of \
                   `workflow_id` and `step_id`, or the header and the body fields both at once.",
@@ -76,7 +78,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::IdempotencyKeyReusedWithDifferentRequest,
-        title: "Idempotency key reused with a different request",
         meaning: "The key already names an operation, and this request's fingerprint (its \
                   material arguments under the tool's version) is not the one that operation was \
                   claimed with.",
@@ -88,7 +89,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::PossibleDuplicateIntent,
-        title: "Possible duplicate intent",
         meaning: "The same material request already ran under another key within the contract's \
                   `duplicate_intent_window`. This operation is held for an operator instead of \
                   running.",
@@ -99,7 +99,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::Unauthorized,
-        title: "Unauthorized",
         meaning: "The request had no bearer token, or a token this gateway does not accept. The \
                   answer carries `WWW-Authenticate: Bearer`.",
         effect: "Nothing was read, claimed or sent.",
@@ -107,7 +106,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::Forbidden,
-        title: "Forbidden",
         meaning: "The token is valid but not allowed this: an operator action with an agent's \
                   token, or the tool's authorization hook refused this caller. Authorization is \
                   rechecked before every effect and every replay, so a permission revoked since \
@@ -119,7 +117,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::AuthorizationUnavailable,
-        title: "Authorization unavailable",
         meaning: "The tool's authorization hook could not be reached or gave no usable answer. \
                   The gateway does not guess a permission.",
         effect: "Nothing was sent.",
@@ -127,7 +124,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::ApprovalDenied,
-        title: "Approval denied",
         meaning: "An operator denied this operation while it waited for approval.",
         effect: "The effect never ran. Every later delivery of this key is answered with this \
                  refusal.",
@@ -136,7 +132,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::ApprovalExpired,
-        title: "Approval expired",
         meaning: "The operation waited for an operator longer than its approval window \
                   (`security.approval_window`, by default the contract's \
                   `retention.max_retry_window`).",
@@ -146,7 +141,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::ExpiredOperation,
-        title: "Expired operation",
         meaning: "The key's record was compacted after its retention, and the contract answers \
                   late deliveries with a refusal (`retention.late_arrival: reject`).",
         effect: "This delivery did nothing. If `effect_reference` is present, the effect happened \
@@ -156,7 +150,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::DownstreamRejected,
-        title: "Downstream rejected",
         meaning: "The system of record refused the effect with an answer it declares final (a \
                   validation or business rule on its side).",
         effect: "The effect was not applied. The refusal is kept, and later deliveries of this \
@@ -166,7 +159,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::DownstreamUnavailable,
-        title: "Downstream unavailable",
         meaning: "The system of record could not be reached, or answered that it did not process \
                   the request (overloaded, unavailable), before any effect.",
         effect: "Nothing was applied, and the gateway can prove it; the claim was released.",
@@ -174,7 +166,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::PreconditionFailed,
-        title: "Precondition failed",
         meaning: "The update carried a version precondition and the target has changed since \
                   that version: someone else wrote to it first.",
         effect: "The update was not applied.",
@@ -182,7 +173,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::OutcomeUnknown,
-        title: "Outcome unknown",
         meaning: "The effect may have happened and nothing can prove whether it did: the answer \
                   was lost and the downstream neither deduplicates on the key nor offers a \
                   receipt lookup that found it. This code usually arrives as the `error` of a 202 \
@@ -194,14 +184,12 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::StoreUnavailable,
-        title: "Store unavailable",
         meaning: "The operation store could not be reached. The gateway's log has the detail.",
         effect: "Nothing was claimed and nothing was sent.",
         action: "Send the same request under the same key after `Retry-After` seconds.",
     },
     Entry {
         code: ErrorCode::EffectClassRefused,
-        title: "Effect class refused",
         meaning: "The tool is declared `non_idempotent`: every delivery would repeat its effect, \
                   so the gateway never executes it.",
         effect: "Nothing was sent.",
@@ -211,7 +199,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::UnknownTool,
-        title: "Unknown tool",
         meaning: "No tool of that name is loaded by this gateway. The detail names the tool asked \
                   for.",
         effect: "Nothing was claimed and nothing was sent.",
@@ -220,7 +207,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::NotFound,
-        title: "Not found",
         meaning: "No such operation for this tenant in this environment (another tenant's key \
                   answers exactly the same), or no such resource.",
         effect: "Nothing was read or changed.",
@@ -229,7 +215,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::Conflict,
-        title: "Conflict",
         meaning: "The operation is not in a state this action applies to (reconciling one that is \
                   not unknown, approving one that does not await approval), it changed while the \
                   action ran, or its tool is no longer loaded.",
@@ -240,7 +225,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::WebhookSignatureInvalid,
-        title: "Webhook signature invalid",
         meaning: "A webhook delivery to `/v1/webhooks/{source}` was not proved to come from the \
                   source's sender: a `webhook-id`, `webhook-timestamp` or `webhook-signature` \
                   header is missing or malformed, the timestamp lies outside the source's \
@@ -254,7 +238,6 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         code: ErrorCode::InternalError,
-        title: "Internal error",
         meaning: "The gateway failed in a way it did not expect. The log has the detail; the \
                   answer does not.",
         effect: "Not known from this answer. The operation's record is the authority.",
@@ -268,9 +251,10 @@ pub fn entry(code: ErrorCode) -> Option<&'static Entry> {
     ENTRIES.iter().find(|e| e.code == code)
 }
 
-/// The `title` of a problem with this code.
+/// The `title` of a problem with this code (the app's: a problem document made without the
+/// gateway, by `idemgate ops --store`, carries the same).
 pub fn title(code: ErrorCode) -> &'static str {
-    entry(code).map_or("Rejected", |e| e.title)
+    idemgate_app::problems::title(code)
 }
 
 fn next_action_name(n: NextAction) -> &'static str {
@@ -358,7 +342,7 @@ impl ProblemBase {
 
     /// The `type` of a problem with this code.
     pub fn type_of(&self, code: ErrorCode) -> String {
-        format!("{}/problems/{}", self.0, code.as_str())
+        idemgate_app::problems::problem_type(&self.0, code)
     }
 }
 
@@ -386,7 +370,7 @@ pub struct ProblemTypeView {
 fn view(e: &Entry) -> ProblemTypeView {
     ProblemTypeView {
         code: e.code.as_str(),
-        title: e.title,
+        title: e.title(),
         status: rejection_status(e.code).as_u16(),
         next_action: next_action_name(e.code.next_action()),
         retryable: e.code.retryable(),
@@ -509,7 +493,7 @@ pub async fn page(Segment(code): Segment, headers: HeaderMap) -> Result<Response
         others: ENTRIES
             .iter()
             .filter(|e| e.code != entry.code)
-            .map(|e| (e.code.as_str(), e.title))
+            .map(|e| (e.code.as_str(), e.title()))
             .collect(),
     };
     page.render()
@@ -604,7 +588,7 @@ mod tests {
         }
         assert_eq!(ENTRIES.len(), ALL_CODES.len());
         for e in ENTRIES {
-            for text in [e.title, e.meaning, e.effect, e.action] {
+            for text in [e.title(), e.meaning, e.effect, e.action] {
                 assert!(!text.trim().is_empty(), "{}", e.code.as_str());
                 assert!(!text.contains("  "), "{}: {text:?}", e.code.as_str());
             }

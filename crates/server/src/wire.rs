@@ -18,15 +18,15 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idemgate_app::OperatorError;
+use idemgate_app::problems as app_problems;
+pub use idemgate_app::problems::Problem;
 pub use idemgate_app::views::{ErrorView, NextActionView, OutcomeStatus, OutcomeView};
-use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
+use idemgate_core::outcome::{ErrorCode, Outcome, Status};
 use idemgate_core::store;
 use serde::Serialize;
-use serde_json::Value;
-use utoipa::ToSchema;
 
 use crate::auth::AuthError;
-use crate::problems::{self, ProblemBase};
+use crate::problems::ProblemBase;
 
 pub const IDEMPOTENCY_OUTCOME: HeaderName = HeaderName::from_static("idempotency-outcome");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -51,71 +51,19 @@ pub fn problem_type(code: ErrorCode) -> String {
         .unwrap_or_else(|_| ProblemBase::relative().type_of(code))
 }
 
-/// A rejection as an RFC 9457 problem, with the outcome's fields as members. `status` is the
-/// HTTP status (RFC 9457); the outcome's own status is `outcome` and is always `rejected`.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct Problem {
-    /// `<base>/problems/<error code>`: a page explaining the code, what happened to the effect
-    /// and what to do. The base is the gateway's `public_url` (or its own address); without
-    /// one the reference is relative to the request.
-    #[serde(rename = "type")]
-    pub problem_type: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
-    pub outcome: OutcomeStatus,
-    #[schema(required)]
-    pub operation_key: Option<String>,
-    #[schema(required)]
-    pub effect_reference: Option<String>,
-    pub safe_to_repeat: bool,
-    pub next_action: NextActionView,
-    #[schema(required)]
-    pub retry_after_seconds: Option<u64>,
-    /// Any JSON value; null in a rejection unless the operation's result is shown.
-    #[schema(value_type = Value, required)]
-    pub result: Option<Value>,
-    #[schema(required)]
-    pub error: Option<ErrorView>,
-}
-
-/// The HTTP status of a rejection with this code.
+/// The HTTP status of a rejection with this code (the app's number, [`app_problems::status`]).
 pub fn rejection_status(code: ErrorCode) -> StatusCode {
-    match code {
-        ErrorCode::InvalidArguments
-        | ErrorCode::MissingOperationKey
-        | ErrorCode::InvalidOperationKey
-        | ErrorCode::EffectClassRefused => StatusCode::BAD_REQUEST,
-        ErrorCode::Unauthorized | ErrorCode::WebhookSignatureInvalid => StatusCode::UNAUTHORIZED,
-        ErrorCode::Forbidden | ErrorCode::ApprovalDenied => StatusCode::FORBIDDEN,
-        ErrorCode::UnknownTool | ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::ExpiredOperation | ErrorCode::ApprovalExpired => StatusCode::GONE,
-        ErrorCode::IdempotencyKeyReusedWithDifferentRequest
-        | ErrorCode::PossibleDuplicateIntent
-        | ErrorCode::DownstreamRejected
-        | ErrorCode::PreconditionFailed
-        | ErrorCode::Conflict
-        | ErrorCode::OutcomeUnknown => StatusCode::UNPROCESSABLE_ENTITY,
-        // Nothing was sent and the obstacle is transient: the same request may succeed later.
-        ErrorCode::AuthorizationUnavailable
-        | ErrorCode::DownstreamUnavailable
-        | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
-        // `ErrorCode` is non-exhaustive: a code added later is a refusal until mapped here.
-        _ => StatusCode::BAD_REQUEST,
-    }
+    http_status(app_problems::status(code))
 }
 
-/// The HTTP status of an outcome.
+/// The HTTP status of an outcome (the app's number, [`app_problems::outcome_status`]).
 pub fn outcome_status(o: &Outcome) -> StatusCode {
-    match o.status {
-        Status::Applied | Status::Replayed => StatusCode::OK,
-        Status::InFlight if o.next_action == NextAction::AskForApproval => StatusCode::ACCEPTED,
-        // 409 only for the transient case: common clients retry it after Retry-After.
-        Status::InFlight => StatusCode::CONFLICT,
-        Status::Unknown => StatusCode::ACCEPTED,
-        Status::Rejected => rejection_status(o.error_code().unwrap_or(ErrorCode::InternalError)),
-    }
+    http_status(app_problems::outcome_status(o))
+}
+
+/// A status number of the app's as an HTTP status; every number it answers is one.
+fn http_status(number: u16) -> StatusCode {
+    StatusCode::from_u16(number).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// The headers every outcome answer carries.
@@ -153,26 +101,10 @@ fn json_body(status: StatusCode, content_type: &'static str, body: &impl Seriali
 fn respond(o: &Outcome, status: Option<StatusCode>) -> Response {
     let status = status.unwrap_or_else(|| outcome_status(o));
     let mut response = if o.status == Status::Rejected {
-        let code = o.error_code().unwrap_or(ErrorCode::InternalError);
-        let view = OutcomeView::from(o);
-        let problem = Problem {
-            problem_type: problem_type(code),
-            title: problems::title(code).to_string(),
-            status: status.as_u16(),
-            detail: o
-                .error
-                .as_ref()
-                .map(|e| e.message.clone())
-                .unwrap_or_default(),
-            outcome: view.outcome,
-            operation_key: view.operation_key,
-            effect_reference: view.effect_reference,
-            safe_to_repeat: view.safe_to_repeat,
-            next_action: view.next_action,
-            retry_after_seconds: view.retry_after_seconds,
-            result: view.result,
-            error: view.error,
-        };
+        let base = PROBLEM_BASE
+            .try_with(|base| base.as_str().to_string())
+            .unwrap_or_default();
+        let problem = Problem::of(o, status.as_u16(), &base);
         json_body(status, PROBLEM_JSON, &problem)
     } else {
         json_body(status, "application/json", &OutcomeView::from(o))
@@ -291,7 +223,7 @@ impl ApiError {
         if let OperatorError::StoreUnavailable(detail) = &e {
             tracing::warn!(error = %detail, "store error");
         }
-        ApiError::refused(&e.outcome())
+        ApiError::refused(&e.outcome()).with_status(http_status(e.status()))
     }
 }
 
@@ -310,6 +242,8 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
     use idemgate_core::OperationKey;
+    use idemgate_core::outcome::NextAction;
+    use serde_json::Value;
 
     fn check(o: Outcome, status: u16, outcome_header: &str, content_type: &str) {
         let r = Answer(o).into_response();

@@ -322,7 +322,7 @@ async fn every_problem_type_has_a_page_from_the_data() {
         );
         self_contained(&page.text);
         assert!(
-            page.text.contains(&format!("<h1>{}</h1>", entry.title)),
+            page.text.contains(&format!("<h1>{}</h1>", entry.title())),
             "{path}"
         );
         assert!(page.text.contains(code.as_str()));
@@ -340,7 +340,7 @@ async fn every_problem_type_has_a_page_from_the_data() {
         assert_eq!(data.status, 200, "{path}");
         let status = idemgate_server::wire::rejection_status(*code).as_u16();
         assert_eq!(data.json["code"], code.as_str());
-        assert_eq!(data.json["title"], entry.title);
+        assert_eq!(data.json["title"], entry.title());
         assert_eq!(data.json["status"], status);
         assert_eq!(data.json["meaning"], entry.meaning);
         assert_eq!(data.json["effect"], entry.effect);
