@@ -9,7 +9,9 @@
 //
 // The gateway is IDEMGATE_BIN (release) with contracts/tickets.create.yaml and the in-process
 // sandbox downstream (it answers at once); the in-process tool is a no-op function returning
-// its argument. Every answer is checked (unique: applied, replay: replayed) and the effects are
+// its argument, declared as that contract declares its downstream (it deduplicates on the key
+// and has a receipt lookup, so no dispatch marker), so that the three faces take the same path
+// through the engine and the store. Every answer is checked (unique: applied, replay: replayed) and the effects are
 // counted: the in-process function once per unique call, never for a replay. Prints one line
 // per point: `inproc unique clients=8 calls=N seconds=S rps=R p50_ms=… p99_ms=…`.
 
@@ -80,7 +82,8 @@ async function measure(face, call) {
 async function inProcess() {
   const local = new Local(`sqlite://${join(dir, 'inproc.sqlite')}`, { tenant: 'bench', environment: 'bench' });
   let effects = 0;
-  const noop = local.tool('bench.noop', { fingerprint: ['n'] }, async ({ n }) => {
+  const shape = { fingerprint: ['n'], deduplicatesByKey: true, lookup: async () => null };
+  const noop = local.tool('bench.noop', shape, async ({ n }) => {
     effects += 1;
     return { n };
   });
