@@ -93,12 +93,15 @@ trait Command: Send {
     fn execute(&mut self, tx: &mut Tx<'_>) -> bool;
     /// Answers the caller: the work's own result when the batch committed, else `failure`.
     fn answer(self: Box<Self>, failure: Option<&Error>);
+    /// Whether the caller must not hear back before the write is on the disk.
+    fn durable(&self) -> bool;
 }
 
 struct Queued<T, W> {
     work: W,
     result: Option<Result<T, Error>>,
     reply: oneshot::Sender<Result<T, Error>>,
+    durable: bool,
 }
 
 impl<T, W> Command for Queued<T, W>
@@ -121,6 +124,7 @@ where
             work,
             result,
             reply,
+            durable: _,
         } = *self;
         // The work goes before the caller hears back, so that what it shares with the caller
         // is the caller's alone again when it wakes.
@@ -134,6 +138,10 @@ where
         };
         // The caller may have stopped waiting (its future was dropped); the write stands.
         let _ = reply.send(answer);
+    }
+
+    fn durable(&self) -> bool {
+        self.durable
     }
 }
 
@@ -200,9 +208,11 @@ struct Shared {
 /// (a claim before its dispatch marker) commits at `NORMAL`: into the write-ahead log without
 /// an fsync. The next durable commit syncs the log up to its own end, so that write reaches the
 /// disk with it, in log order (a machine crash before then loses it with everything after).
-/// SQLite refuses to change the setting inside a transaction, so it is chosen before `BEGIN`:
-/// lowered only for a lone caller's own transaction (its one command is known), at `FULL` for
-/// every batch of the writer thread, whose later commands are not known when it begins.
+/// SQLite refuses to change the setting inside a transaction, so it is chosen before `BEGIN`, by
+/// the transaction's first command: a lone caller's own transaction holds only that one; a batch
+/// of the writer thread begun for such a write takes only such writes, and a durable command
+/// arriving meanwhile ends it and begins the next (concurrent callers come in waves — all claim,
+/// all mark, all record — so a wave of claims is rarely cut).
 struct SyncLevel {
     /// The store was opened with `synchronous=FULL`; otherwise nothing is ever changed.
     full: bool,
@@ -300,6 +310,7 @@ impl Writer {
             work,
             result: None,
             reply,
+            durable,
         });
         let queue = self
             .queue
@@ -411,21 +422,32 @@ impl Drop for Writer {
 
 fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
     let max_batch = shared.max_batch;
+    // A durable command taken while a batch of writes that need no fsync was open: it begins
+    // the next batch (it is still counted in `queued`).
+    let mut carried: Option<Box<dyn Command>> = None;
     // Blocks until someone writes; ends when every handle has been dropped.
-    while let Ok(first) = commands.recv() {
+    while let Some(first) = carried.take().or_else(|| commands.recv().ok()) {
         let deadline = Instant::now() + LINGER;
         let conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
         // How many commands the previous batch held: the size of the wave of concurrent
         // callers.
         let wave = shared.wave.load(Ordering::Relaxed);
-        let level = shared.sync.prepare(&conn, true);
+        // A batch begun for a write that needs no fsync commits without one, so it must hold
+        // no other kind (see `SyncLevel`); a durable batch may carry any write.
+        let durable = first.durable() || !shared.sync.full;
+        let level = shared.sync.prepare(&conn, durable);
         let mut batch = Open::begin(&conn, max_batch);
         batch.fail_on(level);
         batch.add(first);
+        let fits = |command: &dyn Command| durable || !command.durable();
         // Each command runs as soon as it is taken, so the writer works while the rest of the
         // batch is still arriving rather than waiting for it and then working.
         while batch.len() < max_batch && !batch.is_broken() {
             match commands.try_recv() {
+                Ok(command) if !fits(command.as_ref()) => {
+                    carried = Some(command);
+                    break;
+                }
                 Ok(command) => {
                     batch.add(command);
                     continue;
@@ -443,6 +465,10 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match commands.recv_timeout(left) {
+                Ok(command) if !fits(command.as_ref()) => {
+                    carried = Some(command);
+                    break;
+                }
                 Ok(command) => batch.add(command),
                 Err(_) => break,
             }
@@ -559,6 +585,12 @@ impl<'c> Open<'c> {
     fn finish(mut self, shared: &Shared) -> Finished {
         let counters = &shared.counters;
         let conn = self.tx.conn;
+        debug_assert!(
+            self.broken.is_some()
+                || !shared.sync.lowered.load(Ordering::Relaxed)
+                || self.commands.iter().all(|c| !c.durable()),
+            "a durable write in a transaction that commits without an fsync"
+        );
         let worked = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counters
             .longest_work_nanos

@@ -614,6 +614,62 @@ async fn a_claim_before_its_marker_skips_only_its_own_fsync() {
     }
 }
 
+/// Concurrent claims before their markers, beside concurrent durable claims: the writer thread's
+/// batches begun for the first kind commit without an fsync and never take the second (the
+/// writer asserts it in debug builds, which tests are), and every claim of both kinds lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_before_markers_batch_apart_from_durable_writes() {
+    const EACH: usize = 48;
+    const ROUNDS: usize = 8;
+    let Fresh { dir, store } = fresh();
+    let before = store.stats();
+    let start = Arc::new(Barrier::new(2 * EACH));
+    let mut tasks: JoinSet<Result<Claimed, Error>> = JoinSet::new();
+    // Rounds, since which batch a claim lands in is up to the scheduler.
+    for i in 0..2 * EACH * ROUNDS {
+        if i % (2 * EACH) == 0 {
+            while let Some(answer) = tasks.join_next().await {
+                let claimed = answer.expect("a claimant panicked").expect("claim");
+                assert!(matches!(claimed, Claimed::Inserted(_)), "{claimed:?}");
+            }
+        }
+        let store = store.clone();
+        let start = Arc::clone(&start);
+        tasks.spawn(async move {
+            let r = record(
+                &format!("acme:prod:wf-mixed:s{i:04}"),
+                pending("w1", 31_000),
+            );
+            start.wait().await;
+            if i % 2 == 0 {
+                store.claim_before_marker(r, Vec::new()).await
+            } else {
+                store.claim(r, Vec::new()).await
+            }
+        });
+    }
+    while let Some(answer) = tasks.join_next().await {
+        let claimed = answer.expect("a claimant panicked").expect("claim");
+        assert!(matches!(claimed, Claimed::Inserted(_)), "{claimed:?}");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.commands - before.commands, (2 * EACH * ROUNDS) as u64);
+    assert!(
+        stats.commits - before.commits < (2 * EACH * ROUNDS) as u64,
+        "the writer thread batched: {stats:?}"
+    );
+    let listed = store
+        .list(Filter {
+            limit: 1000,
+            ..Filter::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 2 * EACH * ROUNDS);
+    drop(store);
+    drop(dir);
+}
+
 const CHILD_LAZY: &str = "IDEMGATE_SQLITE_CHILD_LAZY";
 
 /// Run as a child by `a_process_killed_after_a_claim_before_its_marker_keeps_it`: claims before
