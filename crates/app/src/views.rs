@@ -7,7 +7,7 @@
 //! face's); nothing here knows HTTP.
 
 use idemgate_core::outcome::{NextAction, Outcome, Status};
-use idemgate_core::record::{Dispatch, Event, Millis, NOT_SETTLED, Record, RecordState};
+use idemgate_core::record::{Event, Millis, NOT_SETTLED, Record, RecordState};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -201,18 +201,7 @@ pub struct OperationList {
 
 /// A record as API v1 shows it.
 pub fn summary(record: &Record) -> OperationSummary {
-    let job_id = match &record.state {
-        RecordState::Pending {
-            dispatch: Dispatch::Job { job_id },
-            ..
-        } => Some(job_id.clone()),
-        RecordState::Unknown(evidence) => evidence.job_id.clone(),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => None,
-    };
+    let job_id = record.job_id().map(str::to_owned);
     // Not a sentinel number: an unsettled record has no expiry yet.
     let expires = (record.expires_at != NOT_SETTLED).then_some(record.expires_at);
     OperationSummary {

@@ -202,6 +202,23 @@ impl Record {
         self.state.status()
     }
 
+    /// The downstream's job this record waits on, or the one an `unknown` record was left
+    /// with (its evidence).
+    pub fn job_id(&self) -> Option<&str> {
+        match &self.state {
+            RecordState::Pending {
+                dispatch: Dispatch::Job { job_id },
+                ..
+            } => Some(job_id),
+            RecordState::Unknown(evidence) => evidence.job_id.as_deref(),
+            RecordState::Pending { .. }
+            | RecordState::AwaitingApproval { .. }
+            | RecordState::Applied(_)
+            | RecordState::FailedPermanent(_)
+            | RecordState::Tombstone(_) => None,
+        }
+    }
+
     pub fn tenant(&self) -> &str {
         self.key.tenant()
     }

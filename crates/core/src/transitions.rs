@@ -220,18 +220,7 @@ fn dispatch_of(record: &Record) -> Dispatch {
 }
 
 fn job_of(record: &Record) -> Option<String> {
-    match &record.state {
-        RecordState::Pending {
-            dispatch: Dispatch::Job { job_id },
-            ..
-        } => Some(job_id.clone()),
-        RecordState::Unknown(evidence) => evidence.job_id.clone(),
-        RecordState::Pending { .. }
-        | RecordState::AwaitingApproval { .. }
-        | RecordState::Applied(_)
-        | RecordState::FailedPermanent(_)
-        | RecordState::Tombstone(_) => None,
-    }
+    record.job_id().map(str::to_owned)
 }
 
 // ---------------------------------------------------------------------------------------------
