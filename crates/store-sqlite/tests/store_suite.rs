@@ -29,6 +29,15 @@ fn fresh() -> Fresh {
     Fresh { dir, store }
 }
 
+/// How many records a fresh reader lists (up to a page of 1000).
+async fn listed(store: &SqliteStore) -> usize {
+    let page = Filter {
+        limit: 1000,
+        ..Filter::default()
+    };
+    store.list(page).await.expect("list").len()
+}
+
 /// One test per case, so that a failure names its case.
 macro_rules! cases {
     ($($case:ident),* $(,)?) => {
@@ -209,14 +218,7 @@ async fn group_commit_shares_commits() {
         "{commits} commits for {commands} commands"
     );
     // Every answer came after its commit, so a fresh reader sees every claim.
-    let listed = store
-        .list(Filter {
-            limit: 1000,
-            ..Filter::default()
-        })
-        .await
-        .expect("list");
-    assert_eq!(listed.len(), CLAIMS);
+    assert_eq!(listed(&store).await, CLAIMS);
     drop(store);
     drop(dir);
 }
@@ -658,14 +660,7 @@ async fn concurrent_claims_before_markers_batch_apart_from_durable_writes() {
         stats.commits - before.commits < (2 * EACH * ROUNDS) as u64,
         "the writer thread batched: {stats:?}"
     );
-    let listed = store
-        .list(Filter {
-            limit: 1000,
-            ..Filter::default()
-        })
-        .await
-        .expect("list");
-    assert_eq!(listed.len(), 2 * EACH * ROUNDS);
+    assert_eq!(listed(&store).await, 2 * EACH * ROUNDS);
     drop(store);
     drop(dir);
 }
