@@ -2,8 +2,9 @@
 //! the same application the extension builds (`open_gateway_store` on a SQLite file, WAL and
 //! `synchronous = FULL`; `Assembly` with one served tool), the same contract as the Python
 //! benchmark's guarded no-op (`bench.noop`, fingerprint `n`), a no-op downstream, and callers
-//! shaped as Python's: T operating-system threads, each waiting on the shared runtime for one
-//! `App::invoke` at a time. The difference from the Python figures is the binding.
+//! shaped as Python's: T operating-system threads, each blocked on the shared runtime for one
+//! `App::invoke_blocking` at a time (the delivery on the waiting thread, as a synchronous
+//! Python call's is). The difference from the Python figures is the binding.
 //!
 //! ```text
 //! cargo bench -p idemgate-app --bench in_process -- --store /tmp/x/rust.sqlite \
@@ -129,12 +130,13 @@ fn phase(
                             actor: "local".into(),
                             role: "agent".into(),
                         };
-                        let outcome = runtime.handle().block_on(app.invoke(
+                        let outcome = runtime.handle().block_on(app.invoke_blocking(
                             caller,
                             "bench.noop",
                             Some(workflow.to_string()),
                             Some(i.to_string()),
                             json!({"n": i}),
+                            None,
                         ));
                         assert_eq!(outcome.status, expect, "{outcome:?}");
                         made.push(i);

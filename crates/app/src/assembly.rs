@@ -230,6 +230,38 @@ impl App {
         arguments: Value,
         wait: Option<Duration>,
     ) -> Outcome {
+        self.deliver(caller, tool, workflow_id, step_id, arguments, wait, false)
+            .await
+    }
+
+    /// [`App::invoke_waiting`] for a caller that never stops waiting — a thread blocked until
+    /// the answer, as a synchronous in-process call is — so the future must be awaited to its
+    /// end: the delivery runs on the caller's own task instead of one of its own
+    /// ([`Executor::execute_here`]), sparing two hand-offs between threads per call.
+    pub async fn invoke_blocking(
+        &self,
+        caller: Caller,
+        tool: &str,
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        arguments: Value,
+        wait: Option<Duration>,
+    ) -> Outcome {
+        self.deliver(caller, tool, workflow_id, step_id, arguments, wait, true)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)] // the invocation's parts, one each
+    async fn deliver(
+        &self,
+        caller: Caller,
+        tool: &str,
+        workflow_id: Option<String>,
+        step_id: Option<String>,
+        arguments: Value,
+        wait: Option<Duration>,
+        here: bool,
+    ) -> Outcome {
         let Some(tool) = self.tools.get(tool) else {
             let message = format!("no tool `{tool}` is served here");
             return self
@@ -262,7 +294,24 @@ impl App {
         match wait {
             Some(wait) if !wait.is_zero() => {
                 self.executor
-                    .execute_waiting(tool.contract, operation, arguments, tool.downstream, wait)
+                    .execute_waiting(
+                        tool.contract,
+                        operation,
+                        arguments,
+                        tool.downstream,
+                        wait,
+                        here,
+                    )
+                    .await
+            }
+            Some(_) | None if here => {
+                self.executor
+                    .execute_here(
+                        &tool.contract,
+                        &operation,
+                        &arguments,
+                        tool.downstream.as_ref(),
+                    )
                     .await
             }
             Some(_) | None => {

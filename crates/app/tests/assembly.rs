@@ -296,6 +296,26 @@ impl Downstream for CommitsThenPanics {
 /// never sent again. A key the task never touched is refused as safe to repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_died_after_it_may_have_sent_is_unknown() {
+    died_after_it_may_have_sent(false).await;
+}
+
+/// The same, for a delivery run on its blocked caller's own thread (`invoke_blocking`, as a
+/// synchronous in-process call runs): the panic is caught there and answered the same way.
+#[test]
+fn a_blocking_delivery_that_died_after_it_may_have_sent_is_unknown() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    // A thread of its own, outside the runtime, blocked on the answer: as a Python caller is.
+    std::thread::spawn(move || handle.block_on(died_after_it_may_have_sent(true)))
+        .join()
+        .unwrap();
+}
+
+async fn died_after_it_may_have_sent(blocking: bool) {
     let dir = tempfile::tempdir().unwrap();
     let root = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -315,14 +335,22 @@ async fn a_task_that_died_after_it_may_have_sent_is_unknown() {
         .await
         .unwrap();
     let app = Assembly::new(store, tools, "test").build();
-    let call = || {
-        app.invoke(
-            caller("acme"),
-            "tickets.create",
-            Some("run_p".into()),
-            Some("s".into()),
-            ticket(),
-        )
+    let call = || async {
+        let (workflow, step) = (Some("run_p".into()), Some("s".into()));
+        if blocking {
+            app.invoke_blocking(
+                caller("acme"),
+                "tickets.create",
+                workflow,
+                step,
+                ticket(),
+                None,
+            )
+            .await
+        } else {
+            app.invoke(caller("acme"), "tickets.create", workflow, step, ticket())
+                .await
+        }
     };
     let died = call().await;
     assert_eq!(died.status, Status::Unknown, "{died:?}");

@@ -143,31 +143,43 @@ pub fn describe(py: Python<'_>, error: &PyErr) -> String {
 
 impl Callable {
     /// Calls the function with the arguments `args` makes, in the caller's context when one is
-    /// given, and waits for its answer up to `timeout`.
-    pub async fn call<A>(
+    /// given, waits for its answer up to `timeout`, and reads the answer with `read` while
+    /// still attached to the interpreter (the lock is taken once per call, on the thread that
+    /// called the function).
+    pub async fn call<A, R, T>(
         &self,
         args: A,
+        read: R,
         caller: Option<Arc<CallerContext>>,
         timeout: Option<Duration>,
-    ) -> Result<Py<PyAny>, Failure>
+    ) -> Result<T, Failure>
     where
         A: FnOnce(Python<'_>) -> PyResult<Py<PyTuple>> + Send + 'static,
+        R: FnOnce(Python<'_>, &Py<PyAny>) -> T + Send + 'static,
+        T: Send + 'static,
     {
         if self.is_async {
-            self.call_async(args, caller, timeout).await
+            let raw = self.call_async(args, caller, timeout).await?;
+            attached(|py| Ok(read(py, &raw))).map_err(|f| match f {
+                // The function answered; only reading its answer failed.
+                Failure::NotCalled(why) | Failure::Broke(why) => Failure::Broke(why),
+            })
         } else {
-            self.call_sync(args, caller, timeout).await
+            self.call_sync(args, read, caller, timeout).await
         }
     }
 
-    async fn call_sync<A>(
+    async fn call_sync<A, R, T>(
         &self,
         args: A,
+        read: R,
         caller: Option<Arc<CallerContext>>,
         timeout: Option<Duration>,
-    ) -> Result<Py<PyAny>, Failure>
+    ) -> Result<T, Failure>
     where
         A: FnOnce(Python<'_>) -> PyResult<Py<PyTuple>> + Send + 'static,
+        R: FnOnce(Python<'_>, &Py<PyAny>) -> T + Send + 'static,
+        T: Send + 'static,
     {
         let function = self.function.clone();
         // A blocking thread, not a worker: the function may take seconds, and the workers
@@ -195,9 +207,10 @@ impl Callable {
                     }
                     None => function.call1(args),
                 };
-                answer
+                let raw = answer
                     .map(Bound::unbind)
-                    .map_err(|e| Failure::Broke(describe(py, &e)))
+                    .map_err(|e| Failure::Broke(describe(py, &e)))?;
+                Ok(read(py, &raw))
             })
         });
         let joined = match timeout {
@@ -453,15 +466,11 @@ impl Downstream for PyEffect {
                     ];
                     Ok(PyTuple::new(py, items)?.unbind())
                 };
-                let answer = self.perform.call(args, caller, self.timeout).await;
+                let read = move |py: Python<'_>, raw: &Py<PyAny>| effect_of(py, raw, &key);
+                let answer = self.perform.call(args, read, caller, self.timeout).await;
                 test_panic_after_call();
                 match answer {
-                    Ok(raw) => attached(|py| Ok(effect_of(py, &raw, &key))).unwrap_or_else(|f| {
-                        // The function answered; only reading its answer failed.
-                        EffectOutcome::ambiguous(match f {
-                            Failure::NotCalled(why) | Failure::Broke(why) => why,
-                        })
-                    }),
+                    Ok(outcome) => outcome,
                     Err(Failure::NotCalled(reason)) => EffectOutcome::NotSent {
                         reason: format!("the function was not called: {reason}"),
                         retry_after: None,
@@ -481,10 +490,8 @@ impl Downstream for PyEffect {
                     return Lookup::Unavailable("this tool has no lookup".into());
                 };
                 let args = move |py: Python<'_>| Ok(PyTuple::new(py, [key])?.unbind());
-                match lookup.call(args, None, self.timeout).await {
-                    Ok(raw) => attached(|py| Ok(lookup_of(py, &raw))).unwrap_or_else(
-                        |(Failure::NotCalled(why) | Failure::Broke(why))| Lookup::Unavailable(why),
-                    ),
+                match lookup.call(args, lookup_of, None, self.timeout).await {
+                    Ok(found) => found,
                     Err(Failure::NotCalled(why) | Failure::Broke(why)) => Lookup::Unavailable(why),
                 }
             },
@@ -501,12 +508,8 @@ impl Downstream for PyEffect {
                     return JobStatus::Unavailable("this tool has no job poller".into());
                 };
                 let args = move |py: Python<'_>| Ok(PyTuple::new(py, [job_id, key])?.unbind());
-                match poll.call(args, None, self.timeout).await {
-                    Ok(raw) => attached(|py| Ok(job_of(py, &raw))).unwrap_or_else(
-                        |(Failure::NotCalled(why) | Failure::Broke(why))| {
-                            JobStatus::Unavailable(why)
-                        },
-                    ),
+                match poll.call(args, job_of, None, self.timeout).await {
+                    Ok(status) => status,
                     Err(Failure::NotCalled(why) | Failure::Broke(why)) => {
                         JobStatus::Unavailable(why)
                     }
@@ -545,18 +548,20 @@ impl Authorizer for PyHook {
             async move {
                 let caller = key.as_deref().and_then(|k| self.callers.get(k));
                 let args = move |py: Python<'_>| Ok(PyTuple::new(py, fields)?.unbind());
-                let decided = match self.authorize.call(args, caller, self.timeout).await {
-                    Ok(raw) => attached(|py| {
-                        let (kind, items) = answer(py, &raw).map_err(Failure::Broke)?;
-                        let why = text(items.first()).unwrap_or_else(|| kind.clone());
-                        Ok(match kind.as_str() {
-                            "allowed" => Authorization::Allowed,
-                            "denied" => Authorization::Denied(why),
-                            _ => Authorization::Unavailable(why),
-                        })
-                    }),
-                    Err(failure) => Err(failure),
+                let read = |py: Python<'_>, raw: &Py<PyAny>| {
+                    let (kind, items) = answer(py, raw).map_err(Failure::Broke)?;
+                    let why = text(items.first()).unwrap_or_else(|| kind.clone());
+                    Ok(match kind.as_str() {
+                        "allowed" => Authorization::Allowed,
+                        "denied" => Authorization::Denied(why),
+                        _ => Authorization::Unavailable(why),
+                    })
                 };
+                let decided = self
+                    .authorize
+                    .call(args, read, caller, self.timeout)
+                    .await
+                    .and_then(|decided| decided);
                 decided.unwrap_or_else(|(Failure::NotCalled(why) | Failure::Broke(why))| {
                     Authorization::Unavailable(why)
                 })

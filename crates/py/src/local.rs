@@ -440,8 +440,16 @@ impl NativeLocal {
         self.outcome(py, asynchronous, async move {
             // Held until the answer: the tool's function runs in this caller's context.
             let _waiting = waiting;
-            app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
-                .await
+            if asynchronous {
+                // An awaitable can be cancelled: the delivery gets a task of its own.
+                app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
+                    .await
+            } else {
+                // This thread waits for the answer with the lock released and nothing can
+                // stop the wait, so the delivery runs right here.
+                app.invoke_blocking(caller, &tool, workflow_id, step_id, arguments, wait)
+                    .await
+            }
         })
     }
 

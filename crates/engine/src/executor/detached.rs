@@ -84,9 +84,31 @@ impl Executor {
         }
     }
 
-    /// Like [`Executor::execute_detached`], but while the answer is `in_flight` (and not
-    /// awaiting a person) delivers again after the advised pause, for up to `wait` in all. The
-    /// repeated deliveries are ordinary ones: they replay, poll or recover, never send blindly.
+    /// [`Executor::execute`] on the caller's own task, for a caller that never stops waiting
+    /// (a thread blocked until the answer, which nothing cancels), so it must be awaited to its
+    /// end: the same answer as [`Executor::execute_detached`] without handing the delivery to
+    /// another task and its answer back. A panic is answered as there.
+    pub async fn execute_here(
+        &self,
+        contract: &Contract,
+        operation: &Operation,
+        arguments: &Value,
+        effect: &dyn Downstream,
+    ) -> Outcome {
+        let delivery = self.execute(contract, operation, arguments, effect);
+        match caught(delivery).await {
+            Some(outcome) => outcome,
+            None => {
+                tracing::error!("a delivery panicked");
+                self.lost(operation.key().ok().flatten()).await
+            }
+        }
+    }
+
+    /// Like [`Executor::execute_detached`] (or [`Executor::execute_here`], by `here`), but
+    /// while the answer is `in_flight` (and not awaiting a person) delivers again after the
+    /// advised pause, for up to `wait` in all. The repeated deliveries are ordinary ones: they
+    /// replay, poll or recover, never send blindly.
     pub async fn execute_waiting(
         &self,
         contract: Arc<Contract>,
@@ -94,17 +116,22 @@ impl Executor {
         arguments: Arc<Value>,
         effect: Arc<dyn Downstream>,
         wait: Duration,
+        here: bool,
     ) -> Outcome {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let outcome = self
-                .execute_detached(
+            let outcome = if here {
+                self.execute_here(&contract, &operation, &arguments, effect.as_ref())
+                    .await
+            } else {
+                self.execute_detached(
                     contract.clone(),
                     operation.clone(),
                     arguments.clone(),
                     effect.clone(),
                 )
-                .await;
+                .await
+            };
             if outcome.status != Status::InFlight || outcome.next_action != NextAction::Poll {
                 return outcome;
             }
@@ -157,4 +184,17 @@ impl Executor {
             }
         }
     }
+}
+
+/// Awaits `future`, `None` when polling it panicked.
+async fn caught<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Some(output)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(None),
+        }
+    })
+    .await
 }
