@@ -3,7 +3,7 @@
 //! `synchronous = FULL`; `Assembly` with one served tool), the same contract as the Python
 //! benchmark's guarded no-op (`bench.noop`, fingerprint `n`), a no-op downstream, and callers
 //! shaped as Python's: T operating-system threads, each blocked on the shared runtime for one
-//! `App::invoke_blocking` at a time (the delivery on the waiting thread, as a synchronous
+//! `App::invoke_awaited` at a time (the delivery on the waiting thread, as a synchronous
 //! Python call's is). The difference from the Python figures is the binding.
 //!
 //! ```text
@@ -130,7 +130,7 @@ fn phase(
                             actor: "local".into(),
                             role: "agent".into(),
                         };
-                        let outcome = runtime.handle().block_on(app.invoke_blocking(
+                        let outcome = runtime.handle().block_on(app.invoke_awaited(
                             caller,
                             "bench.noop",
                             Some(workflow.to_string()),

@@ -234,11 +234,14 @@ impl App {
             .await
     }
 
-    /// [`App::invoke_waiting`] for a caller that never stops waiting — a thread blocked until
-    /// the answer, as a synchronous in-process call is — so the future must be awaited to its
-    /// end: the delivery runs on the caller's own task instead of one of its own
-    /// ([`Executor::execute_here`]), sparing two hand-offs between threads per call.
-    pub async fn invoke_blocking(
+    /// [`App::invoke_waiting`] for a caller that awaits the future to its end whatever happens —
+    /// a thread blocked on it (a synchronous in-process call), or a task of its own that
+    /// nothing aborts (a promise's, in Node) — so the delivery runs on the caller's own task
+    /// instead of one of its own ([`Executor::execute_here`]), sparing a task and the hand-offs
+    /// to it and back per call. A future that may be dropped early (an HTTP request's, a
+    /// cancellable awaitable's) uses [`App::invoke_waiting`]: dropping this one mid-way would
+    /// stop the delivery.
+    pub async fn invoke_awaited(
         &self,
         caller: Caller,
         tool: &str,

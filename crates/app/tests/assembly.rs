@@ -299,7 +299,7 @@ async fn a_task_that_died_after_it_may_have_sent_is_unknown() {
     died_after_it_may_have_sent(false).await;
 }
 
-/// The same, for a delivery run on its blocked caller's own thread (`invoke_blocking`, as a
+/// The same, for a delivery run on its blocked caller's own thread (`invoke_awaited`, as a
 /// synchronous in-process call runs): the panic is caught there and answered the same way.
 #[test]
 fn a_blocking_delivery_that_died_after_it_may_have_sent_is_unknown() {
@@ -338,7 +338,7 @@ async fn died_after_it_may_have_sent(blocking: bool) {
     let call = || async {
         let (workflow, step) = (Some("run_p".into()), Some("s".into()));
         if blocking {
-            app.invoke_blocking(
+            app.invoke_awaited(
                 caller("acme"),
                 "tickets.create",
                 workflow,

@@ -303,9 +303,11 @@ impl NativeLocal {
             return settled;
         }
         let caller = self.caller.clone();
+        // The promise's task runs to its end (a promise cannot be cancelled, and nothing aborts
+        // the task), so the delivery runs on it rather than on a task of its own.
         promise(env, async move {
             let outcome = app
-                .invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
+                .invoke_awaited(caller, &tool, workflow_id, step_id, arguments, wait)
                 .await;
             Ok(outcome_text(&outcome))
         })

@@ -447,7 +447,7 @@ impl NativeLocal {
             } else {
                 // This thread waits for the answer with the lock released and nothing can
                 // stop the wait, so the delivery runs right here.
-                app.invoke_blocking(caller, &tool, workflow_id, step_id, arguments, wait)
+                app.invoke_awaited(caller, &tool, workflow_id, step_id, arguments, wait)
                     .await
             }
         })

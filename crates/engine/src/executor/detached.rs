@@ -84,10 +84,10 @@ impl Executor {
         }
     }
 
-    /// [`Executor::execute`] on the caller's own task, for a caller that never stops waiting
-    /// (a thread blocked until the answer, which nothing cancels), so it must be awaited to its
-    /// end: the same answer as [`Executor::execute_detached`] without handing the delivery to
-    /// another task and its answer back. A panic is answered as there.
+    /// [`Executor::execute`] on the caller's own task, for a caller that awaits it to its end
+    /// whatever happens (a thread blocked on it, a task nothing aborts): the same answer as
+    /// [`Executor::execute_detached`] without handing the delivery to another task and its
+    /// answer back. A panic is answered as there.
     pub async fn execute_here(
         &self,
         contract: &Contract,
@@ -95,7 +95,9 @@ impl Executor {
         arguments: &Value,
         effect: &dyn Downstream,
     ) -> Outcome {
-        let delivery = self.execute(contract, operation, arguments, effect);
+        // Boxed for the reason `execute_detached` boxes it: the delivery's state machine is
+        // kilobytes, and the caller's future (a task's, a `block_on`'s) is moved whole.
+        let delivery = Box::pin(self.execute(contract, operation, arguments, effect));
         match caught(delivery).await {
             Some(outcome) => outcome,
             None => {
