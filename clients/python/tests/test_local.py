@@ -371,6 +371,77 @@ def test_sixteen_threads_on_one_step_make_one_effect(local: idemgate.Local, ledg
     assert ledger.count() == 1 and len(ledger.calls) == 1
 
 
+def test_a_slow_function_does_not_hold_up_another_tools_calls(local: idemgate.Local, ledger: Ledger) -> None:
+    """Synchronous functions share runner threads; one blocked in its downstream must not keep
+    another tool's calls from running meanwhile."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    @local.tool("reports.render", fingerprint=["name"])
+    def render(name: str, *, idempotency_key: str) -> dict[str, Any]:
+        entered.set()
+        release.wait(20)
+        ledger.effect(idempotency_key, {"name": name})
+        return {"pages": 1}
+
+    refund = refunds(local, ledger)
+    slow: list[idemgate.Outcome] = []
+    worker = threading.Thread(target=lambda: slow.append(render.invoke({"name": "q3"}, workflow_id="run-s", step_id="render")))
+    worker.start()
+    try:
+        assert entered.wait(10)
+        began = time.monotonic()
+        fast = [refund.invoke({"order_id": f"pi_{i}", "amount": 1}, workflow_id="run-f", step_id=f"s{i}") for i in range(5)]
+        took = time.monotonic() - began
+        assert not release.is_set()
+    finally:
+        release.set()
+        worker.join(20)
+    assert [o.label for o in fast] == ["applied"] * 5
+    assert took < 5, took
+    assert isinstance(slow[0], idemgate.Applied)
+    assert ledger.count() == 6 and len(ledger.calls) == 5
+
+
+def test_a_function_that_could_not_start_within_its_timeout_was_not_called_and_is_safe_to_repeat(
+    local: idemgate.Local, ledger: Ledger
+) -> None:
+    """A call queued behind a function that holds its runner, with a timeout shorter than the
+    wait for another: it never started, so nothing was done, and the next delivery runs it."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    @local.tool("reports.render", fingerprint=["name"])
+    def render(name: str, *, idempotency_key: str) -> dict[str, Any]:
+        entered.set()
+        release.wait(20)
+        return {"pages": 1}
+
+    @local.tool("pings.send", fingerprint=["to"], timeout=0.001)
+    def ping(to: str, *, idempotency_key: str) -> dict[str, Any]:
+        ledger.call(idempotency_key)
+        return {"sent": ledger.effect(idempotency_key, {"to": to})}
+
+    worker = threading.Thread(target=lambda: render.invoke({"name": "q3"}, workflow_id="run-s", step_id="render"))
+    worker.start()
+    try:
+        assert entered.wait(10)
+        first = ping.invoke({"to": "ops"}, workflow_id="run-p", step_id="ping")
+    finally:
+        release.set()
+        worker.join(20)
+    # Either it never started (released, safe to repeat, not called) or a runner was free at
+    # once and it ran: never an ambiguous answer for a call that never began.
+    if isinstance(first, idemgate.Rejected):
+        assert first.safe_to_repeat, first
+        assert len(ledger.calls) == 0
+        again = ping.invoke({"to": "ops"}, workflow_id="run-p", step_id="ping")
+        assert isinstance(again, idemgate.Applied), again
+    else:
+        assert isinstance(first, idemgate.Applied), first
+    assert ledger.count() == 1 and len(ledger.calls) == 1
+
+
 def test_the_interpreter_lock_is_released_while_the_engine_waits(local: idemgate.Local, ledger: Ledger) -> None:
     """The function waits until another Python thread has made progress: if the calling thread
     held the lock while the engine waited, neither the function nor the other thread could

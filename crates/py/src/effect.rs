@@ -9,9 +9,9 @@
 //! did — `("committed", reference, result)`, `("not_sent", reason, retry_after)`, … — so every
 //! exception of the user's function is caught in Python, where its type and message are read.
 //!
-//! Where a function runs: a synchronous one on a blocking thread of the runtime (never on a
-//! worker, whose lease renewals must keep running), with the interpreter lock taken only
-//! there; an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
+//! Where a function runs: a synchronous one on a [`runner`] thread (never the engine's, whose
+//! lease renewals and timeouts must keep running), with the interpreter lock taken only there
+//! and its answer read there too; an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
 //! call is waiting for this very operation, otherwise the background loop the Python side
 //! started. The caller's `contextvars` go with the call when the caller is waiting
 //! ([`Callers`]); the recoverer's calls have none.
@@ -34,6 +34,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::convert::{to_json, to_py};
+use crate::runner;
 
 /// Where a waiting caller's call runs: its `contextvars` and, for an `AsyncLocal` call, its
 /// running event loop.
@@ -112,16 +113,27 @@ pub struct Callable {
 /// followed the effect, so it counts as [`Failure::Broke`]. An interpreter that is shutting
 /// down is not attached to at all.
 fn attached<T>(f: impl FnOnce(Python<'_>) -> Result<T, Failure>) -> Result<T, Failure> {
-    Python::try_attach(|py| {
-        std::panic::catch_unwind(AssertUnwindSafe(|| f(py))).unwrap_or_else(|_| {
-            Err(Failure::Broke(
-                "idemgate's binding failed internally around the call".into(),
-            ))
-        })
-    })
-    .unwrap_or_else(|| {
+    Python::try_attach(|py| with_interpreter(Some(py), f)).unwrap_or_else(|| {
         Err(Failure::NotCalled(
             "the Python interpreter is shutting down".into(),
+        ))
+    })
+}
+
+/// Runs `f` with the interpreter `py` (`None`: it is shutting down, and `f` is not called),
+/// with a panic caught as in [`attached`].
+fn with_interpreter<T>(
+    py: Option<Python<'_>>,
+    f: impl FnOnce(Python<'_>) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let Some(py) = py else {
+        return Err(Failure::NotCalled(
+            "the Python interpreter is shutting down".into(),
+        ));
+    };
+    std::panic::catch_unwind(AssertUnwindSafe(|| f(py))).unwrap_or_else(|_| {
+        Err(Failure::Broke(
+            "idemgate's binding failed internally around the call".into(),
         ))
     })
 }
@@ -182,10 +194,12 @@ impl Callable {
         T: Send + 'static,
     {
         let function = self.function.clone();
-        // A blocking thread, not a worker: the function may take seconds, and the workers
-        // renew the leases of the claims in flight meanwhile.
-        let call = tokio::task::spawn_blocking(move || {
-            attached(|py| {
+        // A runner thread, never the engine's: the function may take seconds, and the delivery
+        // renews its lease and keeps its timeout meanwhile (`runner`: the calls of a wave of
+        // callers share one take of the interpreter lock).
+        let (answer_to, mut answered) = tokio::sync::oneshot::channel();
+        let run: runner::Run = Box::new(move |py| {
+            let answer = with_interpreter(py, |py| {
                 let args = args(py)
                     .map_err(|e| Failure::NotCalled(describe(py, &e)))?
                     .into_bound(py);
@@ -211,20 +225,42 @@ impl Callable {
                     .map(Bound::unbind)
                     .map_err(|e| Failure::Broke(describe(py, &e)))?;
                 Ok(read(py, &raw))
-            })
+            });
+            // The waiter may have stopped waiting (its timeout); the answer is then dropped.
+            let _ = answer_to.send(answer);
         });
-        let joined = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, call).await {
-                Ok(joined) => joined,
-                Err(_) => return Err(Failure::Broke(overdue(limit))),
-            },
-            None => call.await,
-        };
-        joined.unwrap_or_else(|_| {
+        let ticket = runner::submit(run);
+        let lost = || {
             Err(Failure::Broke(
                 "the thread running the function failed".into(),
             ))
-        })
+        };
+        let deadline = timeout.map(|limit| tokio::time::Instant::now() + limit);
+        // Not started soon: stuck behind a slow function, so another runner takes the queue.
+        let nudge = runner::NUDGE_AFTER.min(timeout.unwrap_or(runner::NUDGE_AFTER));
+        if let Ok(answer) = tokio::time::timeout(nudge, &mut answered).await {
+            return answer.unwrap_or_else(|_| lost());
+        }
+        runner::nudge();
+        let answer = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, &mut answered).await,
+            None => Ok((&mut answered).await),
+        };
+        match answer {
+            Ok(answer) => answer.unwrap_or_else(|_| lost()),
+            Err(_) => {
+                let limit = timeout.unwrap_or_default();
+                if ticket.abandon() {
+                    // Never started, and now never will: nothing was done.
+                    Err(Failure::NotCalled(format!(
+                        "no thread was free to call the function within its timeout of {} s",
+                        limit.as_secs_f64()
+                    )))
+                } else {
+                    Err(Failure::Broke(overdue(limit)))
+                }
+            }
+        }
     }
 
     async fn call_async<A>(

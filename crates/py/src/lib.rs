@@ -11,7 +11,7 @@
 //!   released or returns an awaitable for asyncio.
 //! - [`effect`] — a tool's Python functions as the engine's `Downstream` (the function is
 //!   `perform`, the lookup `lookup_receipt`, the job poller `poll_job`) and `Authorizer`; sync
-//!   functions on blocking threads, `async def` ones on an event loop; a panic or a Python
+//!   functions on [`runner`] threads, `async def` ones on an event loop; a panic or a Python
 //!   exception never crosses into the engine as anything but an answer the engine classifies.
 //! - [`spec`] — a tool's contract from the decorator's arguments or a contract file.
 //! - [`convert`] — Python values to JSON and back, once at the edge.
@@ -21,6 +21,7 @@
 mod convert;
 mod effect;
 mod local;
+mod runner;
 mod runtime;
 mod spec;
 

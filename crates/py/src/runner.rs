@@ -1,0 +1,195 @@
+//! The threads that run tools' synchronous functions.
+//!
+//! A runner takes the interpreter lock once and runs every call waiting when it does, one after
+//! another, before it lets the lock go. Concurrent callers come in waves (all claim, all mark,
+//! all call their functions), so where one blocking thread per call (tokio's pool) made eight
+//! threads wake and hand the lock to each other eight times, one runner wakes and takes it
+//! once. A call that does not start within [`NUDGE_AFTER`] is stuck behind a slow function:
+//! its waiter wakes (or starts) another runner, so a slow function delays the others by that
+//! much at most. A runner idle for [`KEEP_ALIVE`] ends.
+//!
+//! Nothing here decides anything about the call: a job is a closure that calls the function and
+//! answers its waiter, and [`Ticket::abandon`] tells a waiter whose patience ran out whether the
+//! call never started (then it never will).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+/// How long a queued call waits for a runner before its waiter wakes another.
+pub const NUDGE_AFTER: Duration = Duration::from_millis(2);
+/// How long a runner with nothing to do stays.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// The most runners at once (as many as tokio's blocking pool allowed before).
+const MAX_RUNNERS: usize = 512;
+
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+/// What a job runs with: the interpreter, or `None` when it is shutting down (the job must then
+/// answer that its function was not called).
+pub type Run = Box<dyn FnOnce(Option<Python<'_>>) + Send>;
+
+struct Job {
+    state: Arc<AtomicU8>,
+    run: Run,
+}
+
+/// A submitted call, as its waiter holds it.
+pub struct Ticket(Arc<AtomicU8>);
+
+impl Ticket {
+    /// Gives the call up: `true` when it had not started, and now never will.
+    pub fn abandon(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    jobs: VecDeque<Job>,
+    /// Runners alive.
+    runners: usize,
+    /// Of those, the ones waiting for work.
+    idle: usize,
+    /// Wake-ups sent to waiting runners and not yet taken up.
+    woken: usize,
+}
+
+impl State {
+    /// Whether some runner is running, or about to.
+    fn anyone_awake(&self) -> bool {
+        self.runners - self.idle + self.woken > 0
+    }
+
+    /// Wakes a waiting runner, or starts one. `false` when neither could be done.
+    fn add_runner(&mut self, pool: &'static Pool) -> bool {
+        if self.idle > self.woken {
+            self.woken += 1;
+            pool.ready.notify_one();
+            return true;
+        }
+        if self.runners >= MAX_RUNNERS {
+            return false;
+        }
+        let started = std::thread::Builder::new()
+            .name("idemgate-py".into())
+            .spawn(move || runner(pool));
+        match started {
+            Ok(_) => {
+                self.runners += 1;
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a thread to run tools' functions could not be started");
+                false
+            }
+        }
+    }
+}
+
+struct Pool {
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Held for queue operations only, never while a function runs.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool {
+        state: Mutex::new(State::default()),
+        ready: Condvar::new(),
+    })
+}
+
+/// Queues `run` for a runner, waking or starting one if none is awake.
+pub fn submit(run: Run) -> Ticket {
+    let pool = pool();
+    let state = Arc::new(AtomicU8::new(QUEUED));
+    let mut s = pool.lock();
+    s.jobs.push_back(Job {
+        state: state.clone(),
+        run,
+    });
+    if !s.anyone_awake() && !s.add_runner(pool) {
+        // No runner could be started: the call is answered now as not called, rather than
+        // left waiting.
+        let job = s.jobs.pop_back();
+        drop(s);
+        if let Some(job) = job {
+            start(job, None);
+        }
+    }
+    Ticket(state)
+}
+
+/// For a waiter whose call has not started after [`NUDGE_AFTER`]: another runner for the queue.
+pub fn nudge() {
+    let pool = pool();
+    let mut s = pool.lock();
+    if !s.jobs.is_empty() {
+        s.add_runner(pool);
+    }
+}
+
+/// Runs `job` unless its waiter gave it up.
+fn start(job: Job, py: Option<Python<'_>>) {
+    if job
+        .state
+        .compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        (job.run)(py);
+    }
+}
+
+/// Runs every queued job, one after another, with `py`.
+fn drain(pool: &Pool, py: Option<Python<'_>>) {
+    loop {
+        let job = pool.lock().jobs.pop_front();
+        match job {
+            Some(job) => start(job, py),
+            None => return,
+        }
+    }
+}
+
+fn runner(pool: &'static Pool) {
+    loop {
+        {
+            let mut s = pool.lock();
+            while s.jobs.is_empty() {
+                s.idle += 1;
+                let (guard, waited) = pool
+                    .ready
+                    .wait_timeout(s, KEEP_ALIVE)
+                    .unwrap_or_else(PoisonError::into_inner);
+                s = guard;
+                s.idle -= 1;
+                if s.woken > 0 {
+                    s.woken -= 1;
+                } else if waited.timed_out() && s.jobs.is_empty() {
+                    s.runners -= 1;
+                    return;
+                }
+            }
+        }
+        // The interpreter lock once for the whole queue; none when it is shutting down, and
+        // every job then answers that its function was not called.
+        if Python::try_attach(|py| drain(pool, Some(py))).is_none() {
+            drain(pool, None);
+        }
+    }
+}
