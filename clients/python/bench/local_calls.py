@@ -4,7 +4,10 @@ threads. A first measure for the binding's cost, not the side-by-side benchmark 
 part 5). Build the extension in release mode first (`pip install ./clients/python`, or
 `maturin develop --release` in clients/python).
 
-    python bench/local_calls.py [--calls N] [--synchronous normal|full]
+    python bench/local_calls.py [--calls N] [--threads 1,8] [--unique-only]
+
+`--unique-only` skips the replays, for a whole-process A/B of the unique path (two builds of the
+package, each first on PYTHONPATH, timed in turns).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--threads", default="1,8", help="thread counts, comma-separated (default 1,8)")
+    parser.add_argument("--unique-only", action="store_true", help="no replay phase")
     args = parser.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
         effects = 0
 
@@ -51,11 +57,17 @@ def main() -> None:
             effects += 1
             return {"n": n}
 
-        for threads in (1, 8):
+        for threads in counts:
             unique = run(noop, threads, args.calls, f"u{threads}")
+            if args.unique_only:
+                print(f"{threads} thread(s): unique {unique:8.0f} calls/s")
+                continue
             replay = run(noop, threads, args.calls, f"u{threads}")
             print(f"{threads} thread(s): unique {unique:8.0f} calls/s   replay {replay:8.0f} calls/s")
         print(f"effects: {effects}")
+        made = sum((args.calls // t) * t for t in counts)
+        if effects != made:
+            raise SystemExit(f"{effects} effects for {made} unique calls")
 
 
 if __name__ == "__main__":
