@@ -477,16 +477,6 @@ async fn guarded<T>(
     }
 }
 
-/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=after_call` panics after every call of a tool's
-/// function, so the Python tests can prove a panic never reaches the interpreter and never
-/// turns a call that may have had its effect into a refusal. Release builds have no such hook.
-fn test_panic_after_call() {
-    #[cfg(debug_assertions)]
-    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok("after_call") {
-        panic!("IDEMGATE_PY_TEST_PANIC=after_call");
-    }
-}
-
 impl Downstream for PyEffect {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
         let key = request.key.to_string();
@@ -504,7 +494,8 @@ impl Downstream for PyEffect {
                 };
                 let read = move |py: Python<'_>, raw: &Py<PyAny>| effect_of(py, raw, &key);
                 let answer = self.perform.call(args, read, caller, self.timeout).await;
-                test_panic_after_call();
+                // A panic after a call that may have had its effect: never a refusal.
+                crate::runtime::test_panic("after_call");
                 match answer {
                     Ok(outcome) => outcome,
                     Err(Failure::NotCalled(reason)) => EffectOutcome::NotSent {

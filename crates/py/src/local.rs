@@ -170,16 +170,6 @@ impl NativeLocal {
     }
 }
 
-/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=replay_from_memory` panics on the memory-only
-/// replay path, so the tests can prove a panic there is an exception and never reaches the
-/// interpreter. Release builds have no such hook.
-fn test_panic_in_replay() {
-    #[cfg(debug_assertions)]
-    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok("replay_from_memory") {
-        panic!("IDEMGATE_PY_TEST_PANIC=replay_from_memory");
-    }
-}
-
 /// An outcome known now: the tuple itself, or for asyncio a future already done with it.
 fn answered<'py>(
     py: Python<'py>,
@@ -403,7 +393,7 @@ impl NativeLocal {
                 step_id.as_deref(),
                 &arguments,
             )?;
-            test_panic_in_replay();
+            runtime::test_panic("replay_from_memory");
             Some(outcome)
         }))
         .map_err(|panic| runtime::internal(&*panic))?;

@@ -64,6 +64,20 @@ pub fn internal(panic: &(dyn std::any::Any + Send)) -> PyErr {
     PyRuntimeError::new_err(format!("idemgate's engine failed internally: {what}"))
 }
 
+/// Debug builds only: `IDEMGATE_PY_TEST_PANIC=<point>` panics at that point of the binding
+/// (`after_call`: after every call of a tool's function; `replay_from_memory`: on the
+/// memory-only replay path), so the Python tests can prove a panic there never reaches the
+/// interpreter and never turns a call that may have had its effect into a refusal. Release
+/// builds have no such hook.
+pub fn test_panic(point: &str) {
+    #[cfg(debug_assertions)]
+    if std::env::var("IDEMGATE_PY_TEST_PANIC").as_deref() == Ok(point) {
+        panic!("IDEMGATE_PY_TEST_PANIC={point}");
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = point;
+}
+
 /// A future for Python's asyncio: awaitable from the running event loop, run on the runtime.
 /// Cancelling the awaitable stops only the wait; a delivery already claimed runs to its end on
 /// a task of its own (the engine detaches it).
