@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
+use pyo3::ffi;
 use pyo3::prelude::*;
 
 /// How long a queued call waits for a runner before its waiter wakes another.
@@ -40,12 +41,17 @@ struct Job {
 }
 
 /// A submitted call, as its waiter holds it.
-pub struct Ticket(Arc<AtomicU8>);
+pub struct Ticket {
+    state: Arc<AtomicU8>,
+    /// The call was queued alone and a runner was woken (or started) for it: that runner takes
+    /// it first, behind nobody's function, so its waiter needs no [`NUDGE_AFTER`] watch.
+    pub first: bool,
+}
 
 impl Ticket {
     /// Gives the call up: `true` when it had not started, and now never will.
     pub fn abandon(&self) -> bool {
-        self.0
+        self.state
             .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
@@ -119,20 +125,26 @@ pub fn submit(run: Run) -> Ticket {
     let pool = pool();
     let state = Arc::new(AtomicU8::new(QUEUED));
     let mut s = pool.lock();
+    let alone = s.jobs.is_empty();
     s.jobs.push_back(Job {
         state: state.clone(),
         run,
     });
-    if !s.anyone_awake() && !s.add_runner(pool) {
-        // No runner could be started: the call is answered now as not called, rather than
-        // left waiting.
-        let job = s.jobs.pop_back();
-        drop(s);
-        if let Some(job) = job {
-            start(job, None);
+    let mut first = false;
+    if !s.anyone_awake() {
+        if !s.add_runner(pool) {
+            // No runner could be started: the call is answered now as not called, rather than
+            // left waiting.
+            let job = s.jobs.pop_back();
+            drop(s);
+            if let Some(job) = job {
+                start(job, None);
+            }
+            return Ticket { state, first: true };
         }
+        first = alone;
     }
-    Ticket(state)
+    Ticket { state, first }
 }
 
 /// For a waiter whose call has not started after [`NUDGE_AFTER`]: another runner for the queue.
@@ -167,6 +179,7 @@ fn drain(pool: &Pool, py: Option<Python<'_>>) {
 }
 
 fn runner(pool: &'static Pool) {
+    let _kept = KeptThreadState::new();
     loop {
         {
             let mut s = pool.lock();
@@ -190,6 +203,45 @@ fn runner(pool: &'static Pool) {
         // every job then answers that its function was not called.
         if Python::try_attach(|py| drain(pool, Some(py))).is_none() {
             drain(pool, None);
+        }
+    }
+}
+
+/// This thread's Python thread state, made once and kept while the runner lives. Without it,
+/// every take of the interpreter lock on a thread Python did not start makes a thread state
+/// and throws it away after (with its frame stack: a mapping of fresh memory each time, and a
+/// system call or two), once per wave of calls; with it, taking the lock only restores it.
+struct KeptThreadState(Option<(ffi::PyGILState_STATE, *mut ffi::PyThreadState)>);
+
+impl KeptThreadState {
+    fn new() -> Self {
+        // SAFETY: `PyGILState_Ensure` is called only on an initialized interpreter, and the
+        // thread state it made (or found) is released at once with `PyEval_SaveThread`, which
+        // lets the lock go and hands the state back; `drop` restores and releases it, in pair.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return Self(None);
+            }
+            let gstate = ffi::PyGILState_Ensure();
+            let saved = ffi::PyEval_SaveThread();
+            Self(Some((gstate, saved)))
+        }
+    }
+}
+
+impl Drop for KeptThreadState {
+    fn drop(&mut self) {
+        let Some((gstate, saved)) = self.0.take() else {
+            return;
+        };
+        // SAFETY: the pair of `new`'s calls, on the same thread. An interpreter already
+        // finalized has freed every thread state with itself: nothing is left to release.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return;
+            }
+            ffi::PyEval_RestoreThread(saved);
+            ffi::PyGILState_Release(gstate);
         }
     }
 }
