@@ -239,6 +239,23 @@ impl Callable {
         // Not started soon: stuck behind a slow function, so another runner takes the queue.
         // A call that a runner was woken for, alone, is started first by it: no watch (a timer
         // of a few milliseconds, on a runtime otherwise idle, wakes its driver for every call).
+        // The only caller waiting, its call queued alone with a runner woken for it: the
+        // answer comes as soon as that runner has woken and called the function, usually well
+        // within [`SPIN_FOR`]. Watching for it, on a thread that has nothing else to do, spares
+        // the wake-up of this thread once it comes (tens of microseconds where an idle
+        // processor must be woken for it, as on a virtual machine); a longer call is waited
+        // for as any other.
+        if ticket.first && crate::runtime::blocked_alone() {
+            let began = std::time::Instant::now();
+            loop {
+                match answered.try_recv() {
+                    Ok(answer) => return answer,
+                    Err(tokio::sync::oneshot::error::TryRecvError::Closed) => return lost(),
+                    Err(_) if began.elapsed() < SPIN_FOR => std::hint::spin_loop(),
+                    Err(_) => break,
+                }
+            }
+        }
         if !ticket.first {
             let nudge = runner::NUDGE_AFTER.min(timeout.unwrap_or(runner::NUDGE_AFTER));
             if let Ok(answer) = tokio::time::timeout(nudge, &mut answered).await {
@@ -325,6 +342,9 @@ impl Callable {
         })
     }
 }
+
+/// How long the only waiting caller watches for its function's answer before it sleeps.
+const SPIN_FOR: Duration = Duration::from_micros(150);
 
 fn overdue(limit: Duration) -> String {
     format!(

@@ -6,9 +6,11 @@
 //! ([`pyo3_async_runtimes::tokio::future_into_py`]) run on the same threads as the synchronous
 //! calls.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -49,9 +51,42 @@ where
 {
     let runtime = runtime()?;
     py.detach(|| {
+        let _waiting = Waiting::enter();
         std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
             .map_err(|panic| internal(&panic))
     })
+}
+
+/// How many callers are blocked in [`block_on`] right now, in the whole process.
+static BLOCKED: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Whether this thread is a caller blocked in [`block_on`].
+    static BLOCKED_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A caller's time in [`block_on`], counted in [`BLOCKED`] until dropped.
+struct Waiting;
+
+impl Waiting {
+    fn enter() -> Self {
+        BLOCKED.fetch_add(1, Ordering::Relaxed);
+        BLOCKED_HERE.set(true);
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        BLOCKED_HERE.set(false);
+        BLOCKED.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether this thread is a caller blocked in [`block_on`] and the only one: a thread with
+/// nothing else to do, on a process where no other caller waits for the processor.
+pub fn blocked_alone() -> bool {
+    BLOCKED_HERE.get() && BLOCKED.load(Ordering::Relaxed) == 1
 }
 
 /// A panic's payload as an error for Python.
