@@ -113,6 +113,7 @@ pub struct Callable {
 /// followed the effect, so it counts as [`Failure::Broke`]. An interpreter that is shutting
 /// down is not attached to at all.
 fn attached<T>(f: impl FnOnce(Python<'_>) -> Result<T, Failure>) -> Result<T, Failure> {
+    crate::runtime::keep_thread_state();
     Python::try_attach(|py| with_interpreter(Some(py), f)).unwrap_or_else(|| {
         Err(Failure::NotCalled(
             "the Python interpreter is shutting down".into(),

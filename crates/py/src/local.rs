@@ -165,6 +165,7 @@ impl NativeLocal {
     {
         run(py, asynchronous, async move {
             let outcome = call.await;
+            runtime::keep_thread_state();
             Python::attach(|py| outcome_tuple(py, &outcome))
         })
     }

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 
 /// How long a queued call waits for a runner before its waiter wakes another.
@@ -179,7 +178,8 @@ fn drain(pool: &Pool, py: Option<Python<'_>>) {
 }
 
 fn runner(pool: &'static Pool) {
-    let _kept = KeptThreadState::new();
+    // Taking the interpreter lock then only restores this thread's state (`runtime::ThreadState`).
+    let _kept = crate::runtime::ThreadState::keep();
     loop {
         {
             let mut s = pool.lock();
@@ -203,45 +203,6 @@ fn runner(pool: &'static Pool) {
         // every job then answers that its function was not called.
         if Python::try_attach(|py| drain(pool, Some(py))).is_none() {
             drain(pool, None);
-        }
-    }
-}
-
-/// This thread's Python thread state, made once and kept while the runner lives. Without it,
-/// every take of the interpreter lock on a thread Python did not start makes a thread state
-/// and throws it away after (with its frame stack: a mapping of fresh memory each time, and a
-/// system call or two), once per wave of calls; with it, taking the lock only restores it.
-struct KeptThreadState(Option<(ffi::PyGILState_STATE, *mut ffi::PyThreadState)>);
-
-impl KeptThreadState {
-    fn new() -> Self {
-        // SAFETY: `PyGILState_Ensure` is called only on an initialized interpreter, and the
-        // thread state it made (or found) is released at once with `PyEval_SaveThread`, which
-        // lets the lock go and hands the state back; `drop` restores and releases it, in pair.
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                return Self(None);
-            }
-            let gstate = ffi::PyGILState_Ensure();
-            let saved = ffi::PyEval_SaveThread();
-            Self(Some((gstate, saved)))
-        }
-    }
-}
-
-impl Drop for KeptThreadState {
-    fn drop(&mut self) {
-        let Some((gstate, saved)) = self.0.take() else {
-            return;
-        };
-        // SAFETY: the pair of `new`'s calls, on the same thread. An interpreter already
-        // finalized has freed every thread state with itself: nothing is left to release.
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                return;
-            }
-            ffi::PyEval_RestoreThread(saved);
-            ffi::PyGILState_Release(gstate);
         }
     }
 }

@@ -6,13 +6,14 @@
 //! ([`pyo3_async_runtimes::tokio::future_into_py`]) run on the same threads as the synchronous
 //! calls.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
@@ -144,4 +145,66 @@ pub async fn futures_catch<F: Future>(
         }
     })
     .await
+}
+
+/// A Python thread state made for a thread the interpreter did not start (a runner, one of the
+/// runtime's threads) and kept while this lives. Without it, every take of the interpreter
+/// lock on such a thread makes a thread state and throws it away after — with its frame stack,
+/// a mapping of fresh memory each time, and a system call or two; with it, taking the lock
+/// only restores it.
+pub struct ThreadState {
+    gstate: ffi::PyGILState_STATE,
+    saved: *mut ffi::PyThreadState,
+}
+
+impl ThreadState {
+    /// A thread state kept for this thread, or `None` where it has one already (a Python
+    /// thread, which the interpreter owns) or the interpreter is not running.
+    pub fn keep() -> Option<Self> {
+        // SAFETY: `PyGILState_GetThisThreadState` only reads this thread's slot. The state
+        // `PyGILState_Ensure` makes is handed back at once with `PyEval_SaveThread`, which
+        // lets the lock go; `drop` restores and releases it, in pair, on the same thread.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 || !ffi::PyGILState_GetThisThreadState().is_null() {
+                return None;
+            }
+            let gstate = ffi::PyGILState_Ensure();
+            let saved = ffi::PyEval_SaveThread();
+            Some(ThreadState { gstate, saved })
+        }
+    }
+}
+
+impl Drop for ThreadState {
+    fn drop(&mut self) {
+        // SAFETY: the pair of `keep`'s calls, on the same thread (the type is not `Send`). An
+        // interpreter already finalized has freed every thread state with itself: nothing is
+        // left to release.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return;
+            }
+            ffi::PyEval_RestoreThread(self.saved);
+            ffi::PyGILState_Release(self.gstate);
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's kept state, when [`keep_thread_state`] made one; released when the thread
+    /// ends (a blocking thread of the runtime idle for long enough).
+    static KEPT: RefCell<Option<ThreadState>> = const { RefCell::new(None) };
+    static KEEP_TRIED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keeps a thread state for this thread from now on (see [`ThreadState`]), once per thread;
+/// for the runtime's threads, which call into the interpreter for an `async def` function, an
+/// awaitable's outcome, a hook. Must not be called while attached to the interpreter (it then
+/// does nothing: the thread has a state).
+pub fn keep_thread_state() {
+    if KEEP_TRIED.replace(true) {
+        return;
+    }
+    let kept = ThreadState::keep();
+    KEPT.with(|k| *k.borrow_mut() = kept);
 }
