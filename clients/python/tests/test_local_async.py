@@ -156,3 +156,43 @@ def test_async_tools_follow_the_same_rules(tmp_path: Path, ledger: Ledger) -> No
     asyncio.run(main())
     assert ledger.count() == 1
     assert ledger.calls.count("default:development:run-5:c") == 1
+
+
+def _os_threads() -> int:
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+def test_threads_that_end_after_idling_give_back_their_thread_states(tmp_path: Path, ledger: Ledger) -> None:
+    """The runners and the runtime's threads keep a Python thread state while they live; the
+    ones that end after idling (10 s) give it back, and the threads made after them work —
+    counted on the functions' side, before and after."""
+
+    async def main() -> None:
+        async with idemgate.AsyncLocal(url(tmp_path)) as local:
+
+            @local.tool("notes.add", fingerprint=["n"])
+            async def add(n: int, *, idempotency_key: str) -> idemgate.Receipt:
+                return idemgate.Receipt(ledger.effect(idempotency_key, {"n": n}))
+
+            @local.tool("notes.sync_add", fingerprint=["n"])
+            def sync_add(n: int, *, idempotency_key: str) -> idemgate.Receipt:
+                return idemgate.Receipt(ledger.effect(idempotency_key, {"n": n}))
+
+            async def wave(run: str) -> None:
+                outcomes = await asyncio.gather(
+                    *(add.invoke({"n": i}, workflow_id=run, step_id=str(i)) for i in range(40)),
+                    *(sync_add.invoke({"n": i}, workflow_id=f"{run}-sync", step_id=str(i)) for i in range(40)),
+                )
+                assert [o.label for o in outcomes] == ["applied"] * 80
+
+            await wave("before-idle")
+            busy = _os_threads()
+            deadline = time.monotonic() + 25
+            while _os_threads() >= busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            assert _os_threads() < busy, "no thread ended after idling"
+            await wave("after-idle")
+        assert ledger.count() == 160
+
+    asyncio.run(main())
