@@ -237,9 +237,6 @@ impl Callable {
             ))
         };
         let deadline = timeout.map(|limit| tokio::time::Instant::now() + limit);
-        // Not started soon: stuck behind a slow function, so another runner takes the queue.
-        // A call that a runner was woken for, alone, is started first by it: no watch (a timer
-        // of a few milliseconds, on a runtime otherwise idle, wakes its driver for every call).
         // The only caller waiting, its call queued alone with a runner woken for it: the
         // answer comes as soon as that runner has woken and called the function, usually well
         // within [`SPIN_FOR`]. Watching for it, on a thread that has nothing else to do, spares
@@ -257,6 +254,9 @@ impl Callable {
                 }
             }
         }
+        // Not started soon: stuck behind a slow function, so another runner takes the queue.
+        // A call that a runner was woken for, alone, is started first by it: no watch (a timer
+        // of a few milliseconds, on a runtime otherwise idle, wakes its driver for every call).
         if !ticket.first {
             let nudge = runner::NUDGE_AFTER.min(timeout.unwrap_or(runner::NUDGE_AFTER));
             if let Ok(answer) = tokio::time::timeout(nudge, &mut answered).await {
