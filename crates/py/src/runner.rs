@@ -178,8 +178,8 @@ fn drain(pool: &Pool, py: Option<Python<'_>>) {
 }
 
 fn runner(pool: &'static Pool) {
-    // Taking the interpreter lock then only restores this thread's state (`runtime::ThreadState`).
-    let _kept = crate::runtime::ThreadState::keep();
+    // Taking the interpreter lock then only restores this thread's state (`runtime::keep_thread_state`).
+    crate::runtime::keep_thread_state();
     loop {
         {
             let mut s = pool.lock();

@@ -6,7 +6,7 @@
 //! ([`pyo3_async_runtimes::tokio::future_into_py`]) run on the same threads as the synchronous
 //! calls.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
@@ -152,7 +152,7 @@ pub async fn futures_catch<F: Future>(
 /// lock on such a thread makes a thread state and throws it away after — with its frame stack,
 /// a mapping of fresh memory each time, and a system call or two; with it, taking the lock
 /// only restores it.
-pub struct ThreadState {
+struct ThreadState {
     gstate: ffi::PyGILState_STATE,
     saved: *mut ffi::PyThreadState,
 }
@@ -160,7 +160,7 @@ pub struct ThreadState {
 impl ThreadState {
     /// A thread state kept for this thread, or `None` where it has one already (a Python
     /// thread, which the interpreter owns) or the interpreter is not running.
-    pub fn keep() -> Option<Self> {
+    fn keep() -> Option<Self> {
         // SAFETY: `PyGILState_GetThisThreadState` only reads this thread's slot. The state
         // `PyGILState_Ensure` makes is handed back at once with `PyEval_SaveThread`, which
         // lets the lock go; `drop` restores and releases it, in pair, on the same thread.
@@ -192,19 +192,16 @@ impl Drop for ThreadState {
 
 thread_local! {
     /// This thread's kept state, when [`keep_thread_state`] made one; released when the thread
-    /// ends (a blocking thread of the runtime idle for long enough).
-    static KEPT: RefCell<Option<ThreadState>> = const { RefCell::new(None) };
-    static KEEP_TRIED: Cell<bool> = const { Cell::new(false) };
+    /// ends (a runner or a blocking thread of the runtime idle for long enough).
+    static KEPT: OnceCell<Option<ThreadState>> = const { OnceCell::new() };
 }
 
-/// Keeps a thread state for this thread from now on (see [`ThreadState`]), once per thread;
-/// for the runtime's threads, which call into the interpreter for an `async def` function, an
-/// awaitable's outcome, a hook. Must not be called while attached to the interpreter (it then
-/// does nothing: the thread has a state).
+/// Keeps a thread state for this thread from now on (see [`ThreadState`]), once per thread:
+/// for a runner when it starts, for the runtime's threads at their first call into the
+/// interpreter (an `async def` function, an awaitable's outcome, a hook). Must not be called
+/// while attached to the interpreter (it then does nothing: the thread has a state).
 pub fn keep_thread_state() {
-    if KEEP_TRIED.replace(true) {
-        return;
-    }
-    let kept = ThreadState::keep();
-    KEPT.with(|k| *k.borrow_mut() = kept);
+    KEPT.with(|kept| {
+        kept.get_or_init(ThreadState::keep);
+    });
 }
