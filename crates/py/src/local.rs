@@ -163,7 +163,14 @@ impl NativeLocal {
     where
         F: Future<Output = Outcome> + Send + 'static,
     {
-        run(py, asynchronous, async move {
+        if !asynchronous {
+            // The tuple is made once the wait is over and this thread holds the interpreter
+            // lock again: made inside the wait, it took the lock a second time per call, which
+            // with other threads waiting for the lock is a second hand-off of it.
+            let outcome = block_on(py, call)?;
+            return outcome_tuple(py, &outcome).map(|answer| answer.into_bound(py));
+        }
+        awaitable(py, async move {
             let outcome = call.await;
             runtime::keep_thread_state();
             Python::attach(|py| outcome_tuple(py, &outcome))

@@ -57,8 +57,15 @@ def _receipt_parts(value: Receipt, whose: str) -> Optional[tuple[str, Any]]:
     return None
 
 
+# Return values that are a result and nothing else (neither a Receipt, a Job nor a coroutine),
+# recognised by their exact type: the common answer, checked first.
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
 def _answer_of(tool: str, value: Any) -> tuple[Any, ...]:
     """What a function's return value says it did."""
+    if type(value) in _PLAIN:
+        return ("committed", None, value)
     if isinstance(value, Receipt):
         parts = _receipt_parts(value, f"tool {tool!r}")
         if parts is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Optional
 
-from ._outcomes import InvalidIdentityError
+from ._outcomes import InvalidIdentityError, MissingIdentityError
 
 # The gateway's own bound for one part of an operation key (`limits.key_part_bytes`).
 MAX_PART_BYTES = 128
@@ -41,6 +41,10 @@ _SCOPE: contextvars.ContextVar[_Scope] = contextvars.ContextVar(
 
 def check_part(name: str, value: object) -> str:
     """A workflow_id or step_id as the gateway accepts it, or `InvalidIdentityError`."""
+    # At most 32 characters are at most 128 bytes in UTF-8: the usual part is checked by this
+    # line alone, on every call of a guarded function.
+    if type(value) is str and 0 < len(value) <= MAX_PART_BYTES // 4 and ":" not in value:
+        return value
     if not isinstance(value, str):
         raise InvalidIdentityError(f"{name} must be a string, not {type(value).__name__}")
     if value == "":
@@ -144,15 +148,24 @@ def resolve(
 ) -> Optional[Identity]:
     """The identity of one invocation: explicit arguments first, then the context. None when
     neither names anything; a half-named identity is an error naming the tool."""
-    from ._outcomes import MissingIdentityError
+    w, s = resolve_parts(tool, workflow_id, step_id)
+    return None if w is None or s is None else Identity(w, s)
 
-    scope = _SCOPE.get()
-    w = workflow_id if workflow_id is not None else scope.workflow_id
-    s = step_id if step_id is not None else scope.step_id
-    if w is None and s is None:
-        return None
-    if w is None:
-        raise MissingIdentityError(tool, f"step {s!r} has no workflow_id")
-    if s is None:
-        raise MissingIdentityError(tool, f"workflow {w!r} names no step_id for this call")
-    return Identity(check_part("workflow_id", w), check_part("step_id", s))
+
+def resolve_parts(
+    tool: str, workflow_id: Optional[str], step_id: Optional[str]
+) -> tuple[Optional[str], Optional[str]]:
+    """`resolve` as its two parts, both checked, or both None: what `Local.invoke` passes on."""
+    if workflow_id is None or step_id is None:
+        scope = _SCOPE.get()
+        if workflow_id is None:
+            workflow_id = scope.workflow_id
+        if step_id is None:
+            step_id = scope.step_id
+        if workflow_id is None and step_id is None:
+            return None, None
+        if workflow_id is None:
+            raise MissingIdentityError(tool, f"step {step_id!r} has no workflow_id")
+        if step_id is None:
+            raise MissingIdentityError(tool, f"workflow {workflow_id!r} names no step_id for this call")
+    return check_part("workflow_id", workflow_id), check_part("step_id", step_id)
