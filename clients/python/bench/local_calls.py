@@ -7,7 +7,9 @@ part 5). Build the extension in release mode first (`pip install ./clients/pytho
     python bench/local_calls.py [--calls N] [--threads 1,8] [--unique-only]
 
 `--unique-only` skips the replays, for a whole-process A/B of the unique path (two builds of the
-package, each first on PYTHONPATH, timed in turns).
+package, each first on PYTHONPATH, timed in turns). `--native` calls the extension's own
+`invoke` instead of the guarded function's (the same engine call, without the package's Python
+around it: identity, arguments, outcome): what that Python costs a call, measured A/B.
 """
 
 from __future__ import annotations
@@ -21,13 +23,18 @@ from pathlib import Path
 import idemgate
 
 
-def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str) -> float:
+def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str, native: bool) -> float:
     per = calls // threads
     start = threading.Barrier(threads + 1)
+    engine = tool.local._native  # noqa: SLF001 - `--native` measures the package's own Python
 
     def worker(t: int) -> None:
         start.wait()
         for i in range(per):
+            if native:
+                answer = engine.invoke(tool.name, {"n": i}, f"{prefix}-{t}", str(i), None, False)
+                assert answer[0] in ("applied", "replayed"), answer
+                continue
             outcome = tool.invoke({"n": i}, workflow_id=f"{prefix}-{t}", step_id=str(i))
             assert outcome.label in ("applied", "replayed"), outcome
 
@@ -46,6 +53,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--threads", default="1,8", help="thread counts, comma-separated (default 1,8)")
     parser.add_argument("--unique-only", action="store_true", help="no replay phase")
+    parser.add_argument("--native", action="store_true", help="call the extension's invoke directly")
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
@@ -58,11 +66,11 @@ def main() -> None:
             return {"n": n}
 
         for threads in counts:
-            unique = run(noop, threads, args.calls, f"u{threads}")
+            unique = run(noop, threads, args.calls, f"u{threads}", args.native)
             if args.unique_only:
                 print(f"{threads} thread(s): unique {unique:8.0f} calls/s")
                 continue
-            replay = run(noop, threads, args.calls, f"u{threads}")
+            replay = run(noop, threads, args.calls, f"u{threads}", args.native)
             print(f"{threads} thread(s): unique {unique:8.0f} calls/s   replay {replay:8.0f} calls/s")
         print(f"effects: {effects}")
         made = sum((args.calls // t) * t for t in counts)
