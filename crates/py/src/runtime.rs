@@ -52,7 +52,7 @@ where
 {
     let runtime = runtime()?;
     py.detach(|| {
-        let _waiting = Waiting::enter();
+        let _blocked = Blocked::enter();
         std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
             .map_err(|panic| internal(&panic))
     })
@@ -67,17 +67,17 @@ thread_local! {
 }
 
 /// A caller's time in [`block_on`], counted in [`BLOCKED`] until dropped.
-struct Waiting;
+struct Blocked;
 
-impl Waiting {
+impl Blocked {
     fn enter() -> Self {
         BLOCKED.fetch_add(1, Ordering::Relaxed);
         BLOCKED_HERE.set(true);
-        Waiting
+        Blocked
     }
 }
 
-impl Drop for Waiting {
+impl Drop for Blocked {
     fn drop(&mut self) {
         BLOCKED_HERE.set(false);
         BLOCKED.fetch_sub(1, Ordering::Relaxed);
