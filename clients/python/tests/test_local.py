@@ -431,15 +431,25 @@ def test_a_function_that_could_not_start_within_its_timeout_was_not_called_and_i
     if isinstance(first, idemgate.Rejected):
         assert first.safe_to_repeat, first
         assert len(ledger.calls) == 0
-        again = ping.invoke({"to": "ops"}, workflow_id="run-p", step_id="ping")
-        assert isinstance(again, idemgate.Applied), again
+        # A later delivery calls it. On a loaded machine a runner may take longer than the
+        # 1 ms timeout to start a call: that delivery is released unstarted as the first was
+        # (nothing called), or its call ends `unknown` past the timeout — called all the same.
+        for _ in range(50):
+            again = ping.invoke({"to": "ops"}, workflow_id="run-p", step_id="ping")
+            if not (isinstance(again, idemgate.Rejected) and again.safe_to_repeat):
+                break
+            assert len(ledger.calls) == 0, again
+        if isinstance(again, idemgate.Unknown):
+            assert "did not return within its timeout" in (again.message or ""), again
+        else:
+            assert isinstance(again, idemgate.Applied), again
     else:
         assert isinstance(first, (idemgate.Applied, idemgate.Unknown)), first
         again = ping.invoke({"to": "ops"}, workflow_id="run-p", step_id="ping")
         assert again.label in ("replayed", "unknown"), again
-        deadline = time.monotonic() + 5
-        while not ledger.count(key_of(local, "run-p", "ping")) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    deadline = time.monotonic() + 5
+    while not ledger.count(key_of(local, "run-p", "ping")) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert ledger.count(key_of(local, "run-p", "ping")) == 1 and len(ledger.calls) == 1
 
 
