@@ -9,7 +9,8 @@ part 5). Build the extension in release mode first (`pip install ./clients/pytho
 `--unique-only` skips the replays, for a whole-process A/B of the unique path (two builds of the
 package, each first on PYTHONPATH, timed in turns). `--native` calls the extension's own
 `invoke` instead of the guarded function's (the same engine call, without the package's Python
-around it: identity, arguments, outcome): what that Python costs a call, measured A/B.
+around it: the checks of the identity, the arguments and `raise_on`): what that Python costs a
+call, measured A/B.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str, native:
         for i in range(per):
             if native:
                 answer = engine.invoke(tool.name, {"n": i}, f"{prefix}-{t}", str(i), None, False)
-                assert answer[0] in ("applied", "replayed"), answer
+                assert answer.label in ("applied", "replayed"), answer
                 continue
             outcome = tool.invoke({"n": i}, workflow_id=f"{prefix}-{t}", step_id=str(i))
             assert outcome.label in ("applied", "replayed"), outcome

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -222,6 +223,78 @@ def test_a_key_based_tool_without_identity_is_an_error_naming_it_and_stores_noth
     with idemgate.workflow("run-9"):
         with pytest.raises(idemgate.MissingIdentityError, match="refunds.issue"):
             issue_refund(order_id="pi_42", amount=1200)
+    assert ledger.calls == [] and local.operations().operations == ()
+
+
+def test_every_shape_of_a_call_names_the_same_operation(local: idemgate.Local, ledger: Ledger) -> None:
+    """The usual call (a dict, plain identity parts, no wait) is checked and delivered by the
+    extension; any other shape by the package first. Both are one operation."""
+    issue_refund = refunds(local, ledger)
+    arguments = {"order_id": "pi_42", "amount": 1200}
+    with idemgate.workflow(STEP[0]):
+        with idemgate.step(STEP[1]):
+            first = issue_refund(**arguments)
+            scoped = local.invoke("refunds.issue", arguments)
+        half = local.invoke("refunds.issue", arguments, step_id=STEP[1])
+    explicit = local.invoke("refunds.issue", arguments, workflow_id=STEP[0], step_id=STEP[1])
+    mapping = issue_refund.invoke(types.MappingProxyType(arguments), workflow_id=STEP[0], step_id=STEP[1])
+    waited = issue_refund.invoke(arguments, workflow_id=STEP[0], step_id=STEP[1], wait=1)
+    assert isinstance(first, idemgate.Applied)
+    for again in (scoped, half, explicit, mapping, waited):
+        assert isinstance(again, idemgate.Replayed), again
+        assert again.effect_reference == first.effect_reference and again.operation_key == key_of(local)
+    assert ledger.count() == 1 and len(ledger.calls) == 1
+
+
+def test_a_done_outcome_in_process_is_the_one_a_gateways_body_makes(local: idemgate.Local, ledger: Ledger) -> None:
+    # The extension makes applied and replayed outcomes itself: field for field, `raw`
+    # included, they must be what `parse_outcome` makes of the same body.
+    issue_refund = refunds(local, ledger)
+    first = issue_refund.invoke({"order_id": "pi_42", "amount": 1200}, workflow_id=STEP[0], step_id=STEP[1])
+    again = issue_refund.invoke({"order_id": "pi_42", "amount": 1200}, workflow_id=STEP[0], step_id=STEP[1])
+    for made in (first, again):
+        parsed = idemgate.parse_outcome(dict(made.raw), 0)
+        assert type(made) is type(parsed) and made == parsed and vars(made) == vars(parsed)
+        assert made.raw == {
+            "outcome": made.label,
+            "status": made.label,
+            "operation_key": key_of(local),
+            "effect_reference": "eff_1",
+            "safe_to_repeat": False,
+            "next_action": "none",
+            "retry_after_seconds": None,
+            "result": {"status": "succeeded"},
+            "error": None,
+        }
+        assert made.done and made.raise_for_outcome() is made and made.http_status == 0
+        with pytest.raises(AttributeError):
+            made.result = None  # type: ignore[misc]
+    assert (type(first), type(again)) == (idemgate.Applied, idemgate.Replayed)
+    assert ledger.count() == 1
+
+
+@pytest.mark.parametrize(
+    "call, error, says",
+    [
+        (lambda tool: tool.local.invoke("", {}, workflow_id="w", step_id="s"), ValueError, "tool"),
+        (lambda tool: tool.local.invoke(7, {}, workflow_id="w", step_id="s"), ValueError, "tool"),
+        (lambda tool: tool.invoke([("order_id", "x")], workflow_id="w", step_id="s"), TypeError, "mapping"),
+        (lambda tool: tool.invoke({}, workflow_id="w"), idemgate.MissingIdentityError, "no step_id"),
+        (lambda tool: tool.invoke({}, step_id="s"), idemgate.MissingIdentityError, "no workflow_id"),
+        (lambda tool: tool.invoke({}, workflow_id="w:1", step_id="s"), idemgate.InvalidIdentityError, "':'"),
+        (lambda tool: tool.invoke({}, workflow_id="w", step_id=""), idemgate.InvalidIdentityError, "empty"),
+        (lambda tool: tool.invoke({}, workflow_id="w", step_id=3), idemgate.InvalidIdentityError, "not int"),
+        (lambda tool: tool.invoke({}, workflow_id="é" * 65, step_id="s"), idemgate.InvalidIdentityError, "128"),
+        (lambda tool: tool.invoke({}, workflow_id="w", step_id="s", raise_on="applied"), ValueError, "raise_on"),
+        (lambda tool: tool.invoke({}, workflow_id="w", step_id="s", wait=-1), ValueError, "wait"),
+    ],
+)
+def test_a_call_of_another_shape_is_checked_before_anything_is_sent(
+    local: idemgate.Local, ledger: Ledger, call: Any, error: type[Exception], says: str
+) -> None:
+    issue_refund = refunds(local, ledger)
+    with pytest.raises(error, match=says):
+        call(issue_refund)
     assert ledger.calls == [] and local.operations().operations == ()
 
 

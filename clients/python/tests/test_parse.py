@@ -99,37 +99,6 @@ def test_model_text_says_what_to_do() -> None:
     assert "do not try again" in said["meaning"]
 
 
-@pytest.mark.parametrize("label", ["applied", "replayed"])
-def test_the_engines_done_answers_become_the_outcomes_a_gateways_body_does(label: str) -> None:
-    # In process, applied and replayed answers skip `parse_outcome` (their fields are typed by
-    # the engine) and are set on the dataclass directly: the result must be the same outcome,
-    # every field and `raw` included, as the body's.
-    from idemgate._local import _outcome
-
-    answer = (label, "t:e:w:s", "ref-1", False, "none", None, {"n": [1, 2]}, None, None)
-    made = _outcome(answer)
-    parsed = parse_outcome(
-        {
-            "outcome": label,
-            "status": label,
-            "operation_key": "t:e:w:s",
-            "effect_reference": "ref-1",
-            "safe_to_repeat": False,
-            "next_action": "none",
-            "retry_after_seconds": None,
-            "result": {"n": [1, 2]},
-            "error": None,
-        },
-        0,
-    )
-    assert type(made) is type(parsed)
-    assert made == parsed
-    assert vars(made) == vars(parsed)
-    assert made.done and made.raise_for_outcome() is made
-    with pytest.raises(AttributeError):
-        made.result = None  # type: ignore[misc]
-
-
 @pytest.mark.parametrize(
     "part, accepted",
     [

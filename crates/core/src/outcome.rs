@@ -44,6 +44,19 @@ pub enum NextAction {
     InspectOperation,
 }
 
+impl NextAction {
+    /// The name API v1 and every face give it (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NextAction::None => "none",
+            NextAction::Poll => "poll",
+            NextAction::Reconcile => "reconcile",
+            NextAction::AskForApproval => "ask_for_approval",
+            NextAction::InspectOperation => "inspect_operation",
+        }
+    }
+}
+
 /// Stable snake_case error codes. Clients match on these; never rename one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -381,6 +394,28 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_next_action_and_a_status_are_named_as_serde_names_them() {
+        for next in [
+            NextAction::None,
+            NextAction::Poll,
+            NextAction::Reconcile,
+            NextAction::AskForApproval,
+            NextAction::InspectOperation,
+        ] {
+            assert_eq!(serde_json::json!(next), next.as_str());
+        }
+        for status in [
+            Status::Applied,
+            Status::Replayed,
+            Status::InFlight,
+            Status::Rejected,
+            Status::Unknown,
+        ] {
+            assert_eq!(serde_json::json!(status), status.as_str());
+        }
+    }
 
     /// Exhaustive on purpose: a new code must get a place here, and then the test below fails
     /// until `ALL_CODES` (which the OpenAPI enum, the problem pages and `parse` read) lists it.

@@ -297,20 +297,10 @@ const ALL_NEXT: [NextAction; 5] = [
     NextAction::InspectOperation,
 ];
 
-fn next_name(next: NextAction) -> &'static str {
-    match next {
-        NextAction::None => "none",
-        NextAction::Poll => "poll",
-        NextAction::Reconcile => "reconcile",
-        NextAction::AskForApproval => "ask_for_approval",
-        NextAction::InspectOperation => "inspect_operation",
-    }
-}
-
 /// The JSON Schema of [`Outcome`]: every member always present, `null` where it does not apply.
 pub fn outcome_schema() -> Map<String, Value> {
     let statuses: Vec<&str> = ALL_STATUSES.iter().map(|s| status_name(*s)).collect();
-    let next: Vec<&str> = ALL_NEXT.iter().map(|n| next_name(*n)).collect();
+    let next: Vec<&str> = ALL_NEXT.iter().map(|n| n.as_str()).collect();
     let codes: Vec<&str> = ALL_CODES.iter().map(|c| c.as_str()).collect();
     let schema = json!({
         "type": "object",

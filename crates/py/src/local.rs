@@ -4,7 +4,11 @@
 //! Each method converts its arguments, makes one call of the app, and converts the answer
 //! back: an outcome is a tuple `(label, operation_key, effect_reference, safe_to_repeat,
 //! next_action, retry_after_seconds, result, error_code, error_message)` that the Python side
-//! turns into its outcome classes. Every call either waits with the interpreter lock released
+//! turns into its outcome classes — except an invocation's `applied` or `replayed` outcome,
+//! which is made here as the package's own class (every call that did its work answers so, and
+//! each step of a caller through Python holds the interpreter lock the others wait for).
+//! `call` takes the usual invocation as `Local.invoke` receives it and checks it here, or
+//! answers `None` for the package to check any other. Every call either waits with the interpreter lock released
 //! ([`runtime::block_on`]) or, with `asynchronous=True`, returns an awaitable for asyncio
 //! ([`runtime::awaitable`]); the operator's calls are the same code either way.
 
@@ -18,14 +22,15 @@ use idemgate_app::views;
 use idemgate_app::{ActError, App, Assembly, Background, Recovery, Tool, ToolSet};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::{ErrorCode, NextAction, Outcome, Status};
+use idemgate_core::outcome::{ErrorCode, Outcome, Status};
 use idemgate_core::record::{Record, RecordStatus};
 use idemgate_core::store::Filter;
 use idemgate_engine::{ActionError, Caller, Resolution, StatusRead};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use serde_json::{Map, Value, json};
 
 use crate::convert::{to_json, to_py};
@@ -41,6 +46,16 @@ pub struct NativeLocal {
     callers: Arc<Callers>,
     recoverer: Mutex<Option<Background>>,
     closed: std::sync::atomic::AtomicBool,
+    shapes: Arc<Shapes>,
+}
+
+/// What the extension needs of the package to answer its usual call itself: the outcome classes
+/// an `applied` and a `replayed` answer are made as, and the `ContextVar` that
+/// `idemgate.workflow` / `idemgate.step` set (its value has `workflow_id` and `step_id`).
+pub struct Shapes {
+    applied: Py<PyAny>,
+    replayed: Py<PyAny>,
+    scope: Py<PyAny>,
 }
 
 /// A tool's functions as the Python side hands them over.
@@ -71,20 +86,8 @@ fn check_part(name: &str, value: &str) -> PyResult<()> {
 
 /// An outcome as the tuple the Python side reads.
 fn outcome_tuple(py: Python<'_>, o: &Outcome) -> PyResult<Py<PyAny>> {
-    let label = match o.status {
-        Status::Applied => "applied",
-        Status::Replayed => "replayed",
-        Status::InFlight => "in_flight",
-        Status::Rejected => "rejected",
-        Status::Unknown => "unknown",
-    };
-    let next = match o.next_action {
-        NextAction::None => "none",
-        NextAction::Poll => "poll",
-        NextAction::Reconcile => "reconcile",
-        NextAction::AskForApproval => "ask_for_approval",
-        NextAction::InspectOperation => "inspect_operation",
-    };
+    let label = o.status.as_str();
+    let next = o.next_action.as_str();
     let result = match &o.result {
         Some(value) => to_py(py, value)?,
         None => py.None().into_bound(py),
@@ -111,6 +114,80 @@ fn outcome_tuple(py: Python<'_>, o: &Outcome) -> PyResult<Py<PyAny>> {
     ];
     Ok(PyTuple::new(py, items)?.into_any().unbind())
 }
+
+/// An invocation's answer as the Python side takes it: an `applied` or `replayed` outcome made
+/// here as the package's own class, any other label as the tuple (the package then reads it
+/// and raises what it asks for). The engine typed the done answers already, so what
+/// `parse_outcome` checks of a gateway's body holds by construction; the frozen dataclass's
+/// fields are set as its `__init__` sets them (it has no `__post_init__`), `raw` the body a
+/// gateway would have sent and `http_status` 0.
+fn invocation_answer(py: Python<'_>, o: &Outcome, shapes: &Shapes) -> PyResult<Py<PyAny>> {
+    let (class, label) = match o.status {
+        Status::Applied => (&shapes.applied, "applied"),
+        Status::Replayed => (&shapes.replayed, "replayed"),
+        _ => return outcome_tuple(py, o),
+    };
+    static NEW: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let new = NEW.get_or_try_init(py, || {
+        py.import("builtins")?
+            .getattr("object")?
+            .getattr("__new__")
+            .map(Bound::unbind)
+    })?;
+    let result = match &o.result {
+        Some(value) => to_py(py, value)?,
+        None => py.None().into_bound(py),
+    };
+    let key = o.operation_key.as_ref().map(|k| k.as_str());
+    let reference = o.effect_reference.as_deref();
+    let safe = o.safe_to_repeat();
+    let next = o.next_action.as_str();
+    let error = match &o.error {
+        Some(e) => {
+            let error = PyDict::new(py);
+            error.set_item(intern!(py, "code"), e.code.as_str())?;
+            error.set_item(intern!(py, "message"), e.message.as_str())?;
+            error.into_any()
+        }
+        None => py.None().into_bound(py),
+    };
+    let raw = PyDict::new(py);
+    raw.set_item(intern!(py, "outcome"), label)?;
+    raw.set_item(intern!(py, "status"), label)?;
+    raw.set_item(intern!(py, "operation_key"), key)?;
+    raw.set_item(intern!(py, "effect_reference"), reference)?;
+    raw.set_item(intern!(py, "safe_to_repeat"), safe)?;
+    raw.set_item(intern!(py, "next_action"), next)?;
+    raw.set_item(intern!(py, "retry_after_seconds"), o.retry_after_seconds)?;
+    raw.set_item(intern!(py, "result"), &result)?;
+    raw.set_item(intern!(py, "error"), error)?;
+    let outcome = new.bind(py).call1((class.bind(py),))?;
+    let fields = outcome.getattr(intern!(py, "__dict__"))?;
+    let fields = fields.cast::<PyDict>()?;
+    fields.set_item(intern!(py, "effect_reference"), reference)?;
+    fields.set_item(intern!(py, "result"), result)?;
+    fields.set_item(intern!(py, "operation_key"), key)?;
+    fields.set_item(intern!(py, "safe_to_repeat"), safe)?;
+    fields.set_item(intern!(py, "next_action"), next)?;
+    fields.set_item(intern!(py, "http_status"), 0)?;
+    fields.set_item(intern!(py, "raw"), raw)?;
+    Ok(outcome.unbind())
+}
+
+/// A part of the identity as the usual call passes it: `Some(None)` when absent, `Some(part)`
+/// for a `str` the engine takes as it is (not empty, at most 128 bytes, no `:`), `None` for
+/// anything else — which the package then checks itself, raising what it finds.
+fn plain_part<'a>(value: &'a Bound<'_, PyAny>) -> Option<Option<&'a str>> {
+    if value.is_none() {
+        return Some(None);
+    }
+    let text = value.cast_exact::<PyString>().ok()?.to_str().ok()?;
+    let fits = !text.is_empty() && text.len() <= MAX_PART_BYTES && !text.contains(':');
+    fits.then_some(Some(text))
+}
+
+/// The longest workflow or step id, in bytes (the package's `MAX_PART_BYTES`).
+const MAX_PART_BYTES: usize = 128;
 
 /// What an operator's action that was not carried out answers: `not_found` for a key this
 /// caller has no operation under, `store_unavailable`, or `conflict` with the engine's reason
@@ -153,6 +230,91 @@ impl NativeLocal {
         Ok(&self.app)
     }
 
+    /// [`NativeLocal::invoke`]'s delivery, its parts checked (see its documentation).
+    #[allow(clippy::too_many_arguments)] // the invocation's parts, one each
+    fn deliver<'py>(
+        &self,
+        py: Python<'py>,
+        tool: &str,
+        arguments: &Bound<'py, PyDict>,
+        workflow_id: Option<&str>,
+        step_id: Option<&str>,
+        wait: Option<Duration>,
+        asynchronous: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let app = self.app()?.clone();
+        let mut members = Map::new();
+        for (name, value) in arguments.iter() {
+            let name: String = name
+                .extract()
+                .map_err(|_| PyTypeError::new_err("argument names are strings"))?;
+            let converted = to_json(&value, &name)
+                .map_err(|e| PyTypeError::new_err(format!("argument {e}")))?;
+            members.insert(name, converted);
+        }
+        let arguments = Value::Object(members);
+        // A replay the engine's memory answers is answered here, holding the interpreter lock
+        // for the few microseconds it takes: that path reads no store and asks no hook, so it
+        // never waits, and the runtime's threads (and the lock's release and retaking) are
+        // spared. Anything else goes to the runtime below, with the lock released.
+        let now = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let outcome =
+                app.replay_from_memory(&self.caller, tool, workflow_id, step_id, &arguments)?;
+            runtime::test_panic("replay_from_memory");
+            Some(outcome)
+        }))
+        .map_err(|panic| runtime::internal(&*panic))?;
+        if let Some(outcome) = now {
+            return answered(py, asynchronous, &outcome, Some(&self.shapes));
+        }
+        let key = match (workflow_id, step_id) {
+            (Some(w), Some(s)) => {
+                OperationKey::new(&self.caller.tenant, app.environment(), w, s).ok()
+            }
+            _ => None,
+        };
+        let waiting = match key {
+            Some(key) => {
+                static COPY_CONTEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+                let copy_context = COPY_CONTEXT.import(py, "contextvars", "copy_context")?;
+                let context = copy_context.call0()?.unbind();
+                let event_loop = if asynchronous {
+                    Some(pyo3_async_runtimes::get_running_loop(py)?.unbind())
+                } else {
+                    None
+                };
+                Some(self.callers.enter(
+                    key.as_str().to_string(),
+                    CallerContext {
+                        context,
+                        event_loop,
+                    },
+                ))
+            }
+            None => None,
+        };
+        let caller = self.caller.clone();
+        let (tool, workflow_id, step_id) = (
+            tool.to_string(),
+            workflow_id.map(str::to_string),
+            step_id.map(str::to_string),
+        );
+        self.answer(py, asynchronous, Some(self.shapes.clone()), async move {
+            // Held until the answer: the tool's function runs in this caller's context.
+            let _waiting = waiting;
+            if asynchronous {
+                // An awaitable can be cancelled: the delivery gets a task of its own.
+                app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
+                    .await
+            } else {
+                // This thread waits for the answer with the lock released and nothing can
+                // stop the wait, so the delivery runs right here.
+                app.invoke_awaited(caller, &tool, workflow_id, step_id, arguments, wait)
+                    .await
+            }
+        })
+    }
+
     /// Runs an operator's call to its outcome, waiting here or as an awaitable.
     fn outcome<'py, F>(
         &self,
@@ -163,28 +325,52 @@ impl NativeLocal {
     where
         F: Future<Output = Outcome> + Send + 'static,
     {
+        self.answer(py, asynchronous, None, call)
+    }
+
+    /// Runs a call to its outcome, waiting here or as an awaitable; with `shapes`, an
+    /// invocation's (see [`invocation_answer`]).
+    fn answer<'py, F>(
+        &self,
+        py: Python<'py>,
+        asynchronous: bool,
+        shapes: Option<Arc<Shapes>>,
+        call: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
         if !asynchronous {
-            // The tuple is made once the wait is over and this thread holds the interpreter
+            // The answer is made once the wait is over and this thread holds the interpreter
             // lock again: made inside the wait, it took the lock a second time per call, which
             // with other threads waiting for the lock is a second hand-off of it.
             let outcome = block_on(py, call)?;
-            return outcome_tuple(py, &outcome).map(|answer| answer.into_bound(py));
+            return answer_of(py, &outcome, shapes.as_deref()).map(|answer| answer.into_bound(py));
         }
         awaitable(py, async move {
             let outcome = call.await;
             runtime::keep_thread_state();
-            Python::attach(|py| outcome_tuple(py, &outcome))
+            Python::attach(|py| answer_of(py, &outcome, shapes.as_deref()))
         })
     }
 }
 
-/// An outcome known now: the tuple itself, or for asyncio a future already done with it.
+/// The tuple of [`outcome_tuple`], or with `shapes` an invocation's answer.
+fn answer_of(py: Python<'_>, o: &Outcome, shapes: Option<&Shapes>) -> PyResult<Py<PyAny>> {
+    match shapes {
+        Some(shapes) => invocation_answer(py, o, shapes),
+        None => outcome_tuple(py, o),
+    }
+}
+
+/// An outcome known now: the answer itself, or for asyncio a future already done with it.
 fn answered<'py>(
     py: Python<'py>,
     asynchronous: bool,
     outcome: &Outcome,
+    shapes: Option<&Shapes>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let answer = outcome_tuple(py, outcome)?.into_bound(py);
+    let answer = answer_of(py, outcome, shapes)?.into_bound(py);
     if !asynchronous {
         return Ok(answer);
     }
@@ -217,7 +403,7 @@ impl NativeLocal {
     /// Opens the store (creating a SQLite file and its schema, or connecting to PostgreSQL and
     /// migrating it) and starts the recoverer when `recover`.
     #[new]
-    #[pyo3(signature = (url, tenant, environment, actor, recover, recovery_every, sweep_every, encryption_key_env=None))]
+    #[pyo3(signature = (url, tenant, environment, actor, recover, recovery_every, sweep_every, shapes, encryption_key_env=None))]
     #[allow(clippy::too_many_arguments)] // the constructor's keywords, one each
     fn new(
         py: Python<'_>,
@@ -228,6 +414,7 @@ impl NativeLocal {
         recover: bool,
         recovery_every: f64,
         sweep_every: f64,
+        shapes: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
         encryption_key_env: Option<String>,
     ) -> PyResult<NativeLocal> {
         check_part("tenant", &tenant)?;
@@ -262,6 +449,11 @@ impl NativeLocal {
             callers: Arc::new(Callers::default()),
             recoverer: Mutex::new(recoverer),
             closed: Default::default(),
+            shapes: Arc::new(Shapes {
+                applied: shapes.0,
+                replayed: shapes.1,
+                scope: shapes.2,
+            }),
         })
     }
 
@@ -364,91 +556,93 @@ impl NativeLocal {
     /// is not JSON is a `TypeError` naming the argument, before anything is stored); the
     /// caller's `contextvars` (and running event loop, for an awaitable) go with the call of
     /// the tool's function. `wait` delivers again while the answer is `in_flight`, for up to
-    /// that many seconds.
+    /// that many seconds. Answers as [`invocation_answer`] does.
     #[pyo3(signature = (tool, arguments, workflow_id, step_id, wait, asynchronous))]
     #[allow(clippy::too_many_arguments)] // the invocation's parts, one each
     fn invoke<'py>(
         &self,
         py: Python<'py>,
-        tool: String,
+        tool: &str,
         arguments: Bound<'py, PyDict>,
-        workflow_id: Option<String>,
-        step_id: Option<String>,
+        workflow_id: Option<&str>,
+        step_id: Option<&str>,
         wait: Option<f64>,
         asynchronous: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let app = self.app()?.clone();
-        let mut members = Map::new();
-        for (name, value) in arguments.iter() {
-            let name: String = name
-                .extract()
-                .map_err(|_| PyTypeError::new_err("argument names are strings"))?;
-            let converted = to_json(&value, &name)
-                .map_err(|e| PyTypeError::new_err(format!("argument {e}")))?;
-            members.insert(name, converted);
-        }
         let wait = wait.map(|w| seconds("wait", w)).transpose()?;
-        let arguments = Value::Object(members);
-        // A replay the engine's memory answers is answered here, holding the interpreter lock
-        // for the few microseconds it takes: that path reads no store and asks no hook, so it
-        // never waits, and the runtime's threads (and the lock's release and retaking) are
-        // spared. Anything else goes to the runtime below, with the lock released.
-        let now = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let outcome = app.replay_from_memory(
-                &self.caller,
-                &tool,
-                workflow_id.as_deref(),
-                step_id.as_deref(),
-                &arguments,
-            )?;
-            runtime::test_panic("replay_from_memory");
-            Some(outcome)
-        }))
-        .map_err(|panic| runtime::internal(&*panic))?;
-        if let Some(outcome) = now {
-            return answered(py, asynchronous, &outcome);
-        }
-        let key = match (&workflow_id, &step_id) {
-            (Some(w), Some(s)) => {
-                OperationKey::new(&self.caller.tenant, app.environment(), w, s).ok()
-            }
-            _ => None,
+        self.deliver(
+            py,
+            tool,
+            &arguments,
+            workflow_id,
+            step_id,
+            wait,
+            asynchronous,
+        )
+    }
+
+    /// `Local.invoke`'s usual call, checked and delivered here, synchronously: a tool's name,
+    /// a `dict` of arguments or `None`, and an identity whose parts are each absent or a plain
+    /// `str` (see [`plain_part`]), an absent part taken from the `workflow`/`step` scope. Any
+    /// other call is answered `None` with nothing done, for the package to check it and
+    /// deliver it through `invoke` (it raises what is wrong, as it words it).
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        tool: &Bound<'py, PyAny>,
+        arguments: &Bound<'py, PyAny>,
+        workflow_id: &Bound<'py, PyAny>,
+        step_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Ok(tool) = tool.cast_exact::<PyString>() else {
+            return Ok(None);
         };
-        let waiting = match key {
-            Some(key) => {
-                static COPY_CONTEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-                let copy_context = COPY_CONTEXT.import(py, "contextvars", "copy_context")?;
-                let context = copy_context.call0()?.unbind();
-                let event_loop = if asynchronous {
-                    Some(pyo3_async_runtimes::get_running_loop(py)?.unbind())
-                } else {
-                    None
+        let tool = match tool.to_str() {
+            Ok(name) if !name.is_empty() => name,
+            _ => return Ok(None),
+        };
+        let none;
+        let arguments = if arguments.is_none() {
+            none = PyDict::new(py);
+            &none
+        } else {
+            match arguments.cast_exact::<PyDict>() {
+                Ok(dict) => dict,
+                Err(_) => return Ok(None),
+            }
+        };
+        let (Some(mut w), Some(mut s)) = (plain_part(workflow_id), plain_part(step_id)) else {
+            return Ok(None);
+        };
+        let scope;
+        let (scope_w, scope_s);
+        if w.is_none() || s.is_none() {
+            scope = self
+                .shapes
+                .scope
+                .bind(py)
+                .call_method0(intern!(py, "get"))?;
+            scope_w = scope.getattr(intern!(py, "workflow_id"))?;
+            scope_s = scope.getattr(intern!(py, "step_id"))?;
+            if w.is_none() {
+                let Some(part) = plain_part(&scope_w) else {
+                    return Ok(None);
                 };
-                Some(self.callers.enter(
-                    key.as_str().to_string(),
-                    CallerContext {
-                        context,
-                        event_loop,
-                    },
-                ))
+                w = part;
             }
-            None => None,
-        };
-        let caller = self.caller.clone();
-        self.outcome(py, asynchronous, async move {
-            // Held until the answer: the tool's function runs in this caller's context.
-            let _waiting = waiting;
-            if asynchronous {
-                // An awaitable can be cancelled: the delivery gets a task of its own.
-                app.invoke_waiting(caller, &tool, workflow_id, step_id, arguments, wait)
-                    .await
-            } else {
-                // This thread waits for the answer with the lock released and nothing can
-                // stop the wait, so the delivery runs right here.
-                app.invoke_awaited(caller, &tool, workflow_id, step_id, arguments, wait)
-                    .await
+            if s.is_none() {
+                let Some(part) = plain_part(&scope_s) else {
+                    return Ok(None);
+                };
+                s = part;
             }
-        })
+            if w.is_none() != s.is_none() {
+                // Half an identity: the package names the part missing.
+                return Ok(None);
+            }
+        }
+        self.deliver(py, tool, arguments, w, s, None, false)
+            .map(Some)
     }
 
     /// An operation for this Local's tenant: `None` when there is none, else

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use askama::Template;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use idemgate_core::outcome::{ALL_CODES, ErrorCode, NextAction};
+use idemgate_core::outcome::{ALL_CODES, ErrorCode};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -257,16 +257,6 @@ pub fn title(code: ErrorCode) -> &'static str {
     idemgate_app::problems::title(code)
 }
 
-fn next_action_name(n: NextAction) -> &'static str {
-    match n {
-        NextAction::None => "none",
-        NextAction::Poll => "poll",
-        NextAction::Reconcile => "reconcile",
-        NextAction::AskForApproval => "ask_for_approval",
-        NextAction::InspectOperation => "inspect_operation",
-    }
-}
-
 /// `scheme://host[:port]` of an http(s) URL or origin, lower case, without a path and without
 /// the scheme's default port; `None` for anything else.
 pub(crate) fn normal_origin(url: &str) -> Option<String> {
@@ -372,7 +362,7 @@ fn view(e: &Entry) -> ProblemTypeView {
         code: e.code.as_str(),
         title: e.title(),
         status: rejection_status(e.code).as_u16(),
-        next_action: next_action_name(e.code.next_action()),
+        next_action: e.code.next_action().as_str(),
         retryable: e.code.retryable(),
         meaning: e.meaning,
         effect: e.effect,

@@ -102,24 +102,6 @@ def _outcome(answer: Sequence[Any]) -> Outcome:
         "result": result,
         "error": None if code is None else {"code": code, "message": message},
     }
-    if label == "applied" or label == "replayed":
-        # The engine's answer is typed already: what `parse_outcome` checks of a gateway's
-        # body holds by construction, and every call that did its work comes this way. The
-        # fields are set as the frozen dataclass's `__init__` sets them (it has no
-        # `__post_init__`), without its guarded assignment per field: a third of the cost.
-        outcome: Union[Applied, Replayed] = (
-            object.__new__(Applied) if label == "applied" else object.__new__(Replayed)
-        )
-        outcome.__dict__.update(
-            effect_reference=reference,
-            result=result,
-            operation_key=key,
-            safe_to_repeat=safe,
-            next_action=next_action,
-            http_status=0,
-            raw=body,
-        )
-        return outcome
     # No HTTP is involved in process: the outcome's `http_status` is 0.
     return parse_outcome(body, 0)
 
@@ -276,6 +258,7 @@ class _LocalCore:
             bool(recover),
             _seconds("recovery_interval", recovery_interval),
             _seconds("sweep_interval", sweep_interval),
+            (Applied, Replayed, _identity._SCOPE),
             encryption_key_env,
         )
         self._tools: dict[str, LocalTool] = {}
@@ -587,9 +570,18 @@ class Local(_LocalCore):
         `MissingIdentityError` and nothing is stored. `wait=N` waits up to N seconds for an
         operation in flight (another caller's, or a job) to settle.
         """
-        args, w, s = self._invoke_arguments(tool, arguments, workflow_id, step_id)
-        answer = self._native.invoke(tool, args, w, s, _wait(wait), False)
-        return _checked(_outcome(answer), tool, self._tools, self._raise_for(raise_on))
+        checks = self._raise_on if raise_on is None else _raise_on(raise_on)
+        # The usual call (a tool's name, a dict of arguments, plain identity parts, no wait) is
+        # checked and delivered by the extension, which answers `None` for any other, with
+        # nothing done: that one is checked here first.
+        answer = None if wait is not None else self._native.call(tool, arguments, workflow_id, step_id)
+        if answer is None:
+            args, w, s = self._invoke_arguments(tool, arguments, workflow_id, step_id)
+            answer = self._native.invoke(tool, args, w, s, _wait(wait), False)
+        if isinstance(answer, tuple):
+            return _checked(_outcome(answer), tool, self._tools, checks)
+        # An `applied` or `replayed` outcome, made by the extension: never raised.
+        return answer
 
     def operation(self, operation_key: str) -> Operation:
         """The operation's record, receipt, current outcome and events (reading it polls an
@@ -674,9 +666,12 @@ class AsyncLocal(_LocalCore):
         raise_on: Optional[RaiseOn] = None,
     ) -> Outcome:
         """See `Local.invoke`."""
+        checks = self._raise_for(raise_on)
         args, w, s = self._invoke_arguments(tool, arguments, workflow_id, step_id)
         answer = await self._native.invoke(tool, args, w, s, _wait(wait), True)
-        return _checked(_outcome(answer), tool, self._tools, self._raise_for(raise_on))
+        if isinstance(answer, tuple):
+            return _checked(_outcome(answer), tool, self._tools, checks)
+        return answer
 
     async def operation(self, operation_key: str) -> Operation:
         key = _key(operation_key)

@@ -1,13 +1,18 @@
 """The extension module `idemgate._native` (crates/py): the engine, as `idemgate.Local` and
 `idemgate.AsyncLocal` use it. Not a public API; its signatures may change with the package."""
 
-from typing import Any, Awaitable, Literal, Mapping, Optional, overload
+from contextvars import ContextVar
+from typing import Any, Awaitable, Literal, Mapping, Optional, Union, overload
+
+from ._outcomes import Applied, Replayed
 
 # (label, operation_key, effect_reference, safe_to_repeat, next_action, retry_after_seconds,
 #  result, error_code, error_message)
 OutcomeTuple = tuple[
     str, Optional[str], Optional[str], bool, str, Optional[int], Any, Optional[str], Optional[str]
 ]
+# An invocation's answer: an applied or replayed outcome made by the extension, else the tuple.
+Answer = Union[Applied, Replayed, OutcomeTuple]
 # ("found", body, outcome) | ("denied", outcome) | ("error", outcome) | None
 OperationAnswer = Optional[tuple[Any, ...]]
 # (level, rule, field, reason)
@@ -23,6 +28,7 @@ class NativeLocal:
         recover: bool,
         recovery_every: float,
         sweep_every: float,
+        shapes: tuple[type[Applied], type[Replayed], ContextVar[Any]],
         encryption_key_env: Optional[str] = None,
     ) -> None: ...
     @property
@@ -49,7 +55,7 @@ class NativeLocal:
         step_id: Optional[str],
         wait: Optional[float],
         asynchronous: Literal[False],
-    ) -> OutcomeTuple: ...
+    ) -> Answer: ...
     @overload
     def invoke(
         self,
@@ -59,7 +65,10 @@ class NativeLocal:
         step_id: Optional[str],
         wait: Optional[float],
         asynchronous: Literal[True],
-    ) -> Awaitable[OutcomeTuple]: ...
+    ) -> Awaitable[Answer]: ...
+    def call(
+        self, tool: object, arguments: object, workflow_id: object, step_id: object
+    ) -> Optional[Answer]: ...
     @overload
     def operation(self, key: str, asynchronous: Literal[False]) -> OperationAnswer: ...
     @overload

@@ -32,7 +32,7 @@ use axum::response::Response;
 use idemgate_core::Fingerprint;
 use idemgate_core::json;
 use idemgate_core::key::OperationKey;
-use idemgate_core::outcome::{NextAction, Outcome, Status};
+use idemgate_core::outcome::Outcome;
 use idemgate_core::record::{Record, RecordState};
 use idemgate_engine::{Caller, Resolution, StatusRead};
 use serde::Deserialize;
@@ -187,20 +187,8 @@ async fn own_record(
 }
 
 fn describe(outcome: &Outcome) -> Now {
-    let label = match outcome.status {
-        Status::Applied => "applied",
-        Status::Replayed => "replayed",
-        Status::InFlight => "in_flight",
-        Status::Rejected => "rejected",
-        Status::Unknown => "unknown",
-    };
-    let next_action = match outcome.next_action {
-        NextAction::None => "none",
-        NextAction::Poll => "poll",
-        NextAction::Reconcile => "reconcile",
-        NextAction::AskForApproval => "ask_for_approval",
-        NextAction::InspectOperation => "inspect_operation",
-    };
+    let label = outcome.status.as_str();
+    let next_action = outcome.next_action.as_str();
     Now {
         label: label.into(),
         next_action: next_action.into(),
