@@ -74,6 +74,23 @@ def test_sixteen_tasks_on_one_step_make_one_effect(tmp_path: Path, ledger: Ledge
     assert ledger.count() == 1 and len(ledger.calls) == 1
 
 
+def test_an_unknown_raise_on_label_is_refused_before_anything_is_sent(tmp_path: Path, ledger: Ledger) -> None:
+    async def main() -> None:
+        async with idemgate.AsyncLocal(url(tmp_path)) as local:
+
+            @local.tool("refunds.issue")
+            async def issue(order_id: str, *, idempotency_key: str) -> idemgate.Receipt:
+                ledger.call(idempotency_key)
+                return idemgate.Receipt(ledger.effect(idempotency_key, {"order_id": order_id}))
+
+            with pytest.raises(ValueError, match="raise_on"):
+                await issue.invoke({"order_id": "pi"}, workflow_id="run-3", step_id="refund", raise_on="applied")
+            assert (await local.operations()).operations == ()
+
+    asyncio.run(main())
+    assert ledger.calls == []
+
+
 def test_a_sync_tool_does_not_block_the_event_loop(tmp_path: Path, ledger: Ledger) -> None:
     async def main() -> int:
         ticks = 0

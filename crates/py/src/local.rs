@@ -8,9 +8,10 @@
 //! which is made here as the package's own class (every call that did its work answers so, and
 //! each step of a caller through Python holds the interpreter lock the others wait for).
 //! `call` takes the usual invocation as `Local.invoke` receives it and checks it here, or
-//! answers `None` for the package to check any other. Every call either waits with the interpreter lock released
-//! ([`runtime::block_on`]) or, with `asynchronous=True`, returns an awaitable for asyncio
-//! ([`runtime::awaitable`]); the operator's calls are the same code either way.
+//! answers `None` for the package to check any other. Every call either waits with the
+//! interpreter lock released ([`runtime::block_on`]) or, with `asynchronous=True`, returns an
+//! awaitable for asyncio ([`runtime::awaitable`]); the operator's calls are the same code
+//! either way.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
