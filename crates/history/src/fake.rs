@@ -37,7 +37,10 @@ pub enum Broken {
     ApplyTwice,
     /// A fifth of the requests `h.dedup` and `h.lookup` would perform without a fault are
     /// performed and then answered 422, a refusal that lies: the gateway honestly says
-    /// `safe_to_repeat`, and the checker sees the effect (`unsafe_repeat`).
+    /// `safe_to_repeat`, and the checker sees the effect (`unsafe_repeat`). Counted per tool —
+    /// its first such request, then every fifth — not drawn at random: a ten-second run sends
+    /// `h.lookup` about a dozen, and a draw of a fifth missed them all in one run of twelve
+    /// (0.8^11), failing the self-test on an honest gateway.
     RefuseAfterCommit,
 }
 
@@ -84,6 +87,8 @@ struct Books {
     next_job: HashMap<String, u64>,
     next_ref: u64,
     events: u64,
+    /// tool → requests `Broken::RefuseAfterCommit` could have lied to so far.
+    liable: HashMap<String, u64>,
 }
 
 struct Inner {
@@ -245,7 +250,12 @@ async fn perform(
     let lie = s.broken == Some(Broken::RefuseAfterCommit)
         && fault == "none"
         && (tool == "h.dedup" || tool == "h.lookup")
-        && inner.rng.lock().unwrap().random_bool(0.2);
+        && {
+            let mut books = inner.books.lock().unwrap();
+            let seen = books.liable.entry(tool.to_string()).or_default();
+            *seen += 1;
+            *seen % 5 == 1
+        };
     if lie {
         return answer(
             StatusCode::UNPROCESSABLE_ENTITY,
