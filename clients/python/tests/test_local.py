@@ -285,7 +285,11 @@ def test_a_done_outcome_in_process_is_the_one_a_gateways_body_makes(local: idemg
         (lambda tool: tool.invoke({}, workflow_id="w", step_id=""), idemgate.InvalidIdentityError, "empty"),
         (lambda tool: tool.invoke({}, workflow_id="w", step_id=3), idemgate.InvalidIdentityError, "not int"),
         (lambda tool: tool.invoke({}, workflow_id="é" * 65, step_id="s"), idemgate.InvalidIdentityError, "128"),
-        (lambda tool: tool.invoke({}, workflow_id="w", step_id="s", raise_on="applied"), ValueError, "raise_on"),
+        (
+            lambda tool: tool.invoke({"order_id": "pi", "amount": 1}, workflow_id="w", step_id="s", raise_on="applied"),
+            ValueError,
+            "raise_on",
+        ),
         (lambda tool: tool.invoke({}, workflow_id="w", step_id="s", wait=-1), ValueError, "wait"),
     ],
 )
