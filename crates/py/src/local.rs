@@ -51,12 +51,14 @@ pub struct NativeLocal {
 }
 
 /// What the extension needs of the package to answer its usual call itself: the outcome classes
-/// an `applied` and a `replayed` answer are made as, and the `ContextVar` that
-/// `idemgate.workflow` / `idemgate.step` set (its value has `workflow_id` and `step_id`).
+/// an `applied` and a `replayed` answer are made as, the `ContextVar` that `idemgate.workflow` /
+/// `idemgate.step` set (its value has `workflow_id` and `step_id`), and the package's bound on
+/// an identity part (`_identity.MAX_PART_BYTES`), so that the rule has one home.
 pub struct Shapes {
     applied: Py<PyAny>,
     replayed: Py<PyAny>,
     scope: Py<PyAny>,
+    max_part_bytes: usize,
 }
 
 /// A tool's functions as the Python side hands them over.
@@ -176,19 +178,16 @@ fn invocation_answer(py: Python<'_>, o: &Outcome, shapes: &Shapes) -> PyResult<P
 }
 
 /// A part of the identity as the usual call passes it: `Some(None)` when absent, `Some(part)`
-/// for a `str` the engine takes as it is (not empty, at most 128 bytes, no `:`), `None` for
-/// anything else — which the package then checks itself, raising what it finds.
-fn plain_part<'a>(value: &'a Bound<'_, PyAny>) -> Option<Option<&'a str>> {
+/// for a `str` the package's `check_part` accepts as it is (not empty, at most `max_bytes`, no
+/// `:`), `None` for anything else — which the package then checks itself, raising what it finds.
+fn plain_part<'a>(value: &'a Bound<'_, PyAny>, max_bytes: usize) -> Option<Option<&'a str>> {
     if value.is_none() {
         return Some(None);
     }
     let text = value.cast_exact::<PyString>().ok()?.to_str().ok()?;
-    let fits = !text.is_empty() && text.len() <= MAX_PART_BYTES && !text.contains(':');
+    let fits = !text.is_empty() && text.len() <= max_bytes && !text.contains(':');
     fits.then_some(Some(text))
 }
-
-/// The longest workflow or step id, in bytes (the package's `MAX_PART_BYTES`).
-const MAX_PART_BYTES: usize = 128;
 
 /// What an operator's action that was not carried out answers: `not_found` for a key this
 /// caller has no operation under, `store_unavailable`, or `conflict` with the engine's reason
@@ -415,7 +414,7 @@ impl NativeLocal {
         recover: bool,
         recovery_every: f64,
         sweep_every: f64,
-        shapes: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
+        shapes: (Py<PyAny>, Py<PyAny>, Py<PyAny>, usize),
         encryption_key_env: Option<String>,
     ) -> PyResult<NativeLocal> {
         check_part("tenant", &tenant)?;
@@ -454,6 +453,7 @@ impl NativeLocal {
                 applied: shapes.0,
                 replayed: shapes.1,
                 scope: shapes.2,
+                max_part_bytes: shapes.3,
             }),
         })
     }
@@ -612,7 +612,10 @@ impl NativeLocal {
                 Err(_) => return Ok(None),
             }
         };
-        let (Some(mut w), Some(mut s)) = (plain_part(workflow_id), plain_part(step_id)) else {
+        let limit = self.shapes.max_part_bytes;
+        let (Some(mut w), Some(mut s)) =
+            (plain_part(workflow_id, limit), plain_part(step_id, limit))
+        else {
             return Ok(None);
         };
         let scope;
@@ -626,13 +629,13 @@ impl NativeLocal {
             scope_w = scope.getattr(intern!(py, "workflow_id"))?;
             scope_s = scope.getattr(intern!(py, "step_id"))?;
             if w.is_none() {
-                let Some(part) = plain_part(&scope_w) else {
+                let Some(part) = plain_part(&scope_w, limit) else {
                     return Ok(None);
                 };
                 w = part;
             }
             if s.is_none() {
-                let Some(part) = plain_part(&scope_s) else {
+                let Some(part) = plain_part(&scope_s, limit) else {
                     return Ok(None);
                 };
                 s = part;

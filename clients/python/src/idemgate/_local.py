@@ -258,7 +258,7 @@ class _LocalCore:
             bool(recover),
             _seconds("recovery_interval", recovery_interval),
             _seconds("sweep_interval", sweep_interval),
-            (Applied, Replayed, _identity._SCOPE),
+            (Applied, Replayed, _identity._SCOPE, _identity.MAX_PART_BYTES),
             encryption_key_env,
         )
         self._tools: dict[str, LocalTool] = {}

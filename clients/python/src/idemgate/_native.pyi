@@ -28,7 +28,7 @@ class NativeLocal:
         recover: bool,
         recovery_every: float,
         sweep_every: float,
-        shapes: tuple[type[Applied], type[Replayed], ContextVar[Any]],
+        shapes: tuple[type[Applied], type[Replayed], ContextVar[Any], int],
         encryption_key_env: Optional[str] = None,
     ) -> None: ...
     @property
