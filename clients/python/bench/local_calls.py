@@ -10,26 +10,33 @@ part 5). Build the extension in release mode first (`pip install ./clients/pytho
 package, each first on PYTHONPATH, timed in turns). `--native` calls the extension's own
 `invoke` instead of the guarded function's (the same engine call, without the package's Python
 around it: the checks of the identity, the arguments and `raise_on`): what that Python costs a
-call, measured A/B.
+call, measured A/B. `--pin-callers CPU` binds each calling thread (the application's, not the
+extension's) to that processor: what the interpreter lock's hand-offs across processors cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import idemgate
 
 
-def run(tool: idemgate.LocalTool, threads: int, calls: int, prefix: str, native: bool) -> float:
+def run(
+    tool: idemgate.LocalTool, threads: int, calls: int, prefix: str, native: bool, pin: Optional[int]
+) -> float:
     per = calls // threads
     start = threading.Barrier(threads + 1)
     engine = tool.local._native  # noqa: SLF001 - `--native` measures the package's own Python
 
     def worker(t: int) -> None:
+        if pin is not None:
+            os.sched_setaffinity(0, {pin})  # this thread only
         start.wait()
         for i in range(per):
             if native:
@@ -55,6 +62,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,8", help="thread counts, comma-separated (default 1,8)")
     parser.add_argument("--unique-only", action="store_true", help="no replay phase")
     parser.add_argument("--native", action="store_true", help="call the extension's invoke directly")
+    parser.add_argument("--pin-callers", type=int, default=None, metavar="CPU", help="bind the calling threads to CPU")
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
@@ -67,11 +75,11 @@ def main() -> None:
             return {"n": n}
 
         for threads in counts:
-            unique = run(noop, threads, args.calls, f"u{threads}", args.native)
+            unique = run(noop, threads, args.calls, f"u{threads}", args.native, args.pin_callers)
             if args.unique_only:
                 print(f"{threads} thread(s): unique {unique:8.0f} calls/s")
                 continue
-            replay = run(noop, threads, args.calls, f"u{threads}", args.native)
+            replay = run(noop, threads, args.calls, f"u{threads}", args.native, args.pin_callers)
             print(f"{threads} thread(s): unique {unique:8.0f} calls/s   replay {replay:8.0f} calls/s")
         print(f"effects: {effects}")
         made = sum((args.calls // t) * t for t in counts)
