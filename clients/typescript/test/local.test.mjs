@@ -462,6 +462,37 @@ describe('processes', () => {
     assert.equal(ledger.count('acme:multi:replay-panicked:insert'), 1);
   });
 
+  test('a panic while the event loop polls a call rejects it, never crashes the process, and loses nothing', T, async () => {
+    const store = sqliteStore();
+    const ledger = new FileLedger(join(tempDir(), 'ledger'));
+    const w = worker(['invoke-panic', store, ledger.path, 'poll-panicked'], { IDEMGATE_NODE_TEST_PANIC: 'invoke_polled' });
+    const line = JSON.parse(await w.line(30_000));
+    assert.deepEqual(await w.exited, { code: 0, signal: null }, w.stderr());
+    assert.match(line.first, /^rejected IdemgateError: .*failed internally: IDEMGATE_NODE_TEST_PANIC=invoke_polled/);
+    assert.equal(line.alive, true);
+    // It panicked before the claim: nothing was stored or called, and the next delivery applies.
+    assert.equal(ledger.count('acme:multi:poll-panicked:insert'), 0);
+    const l = open(store);
+    try {
+      const insert = register(l, ledger);
+      const outcome = await insert({ n: 1 }, { workflowId: 'poll-panicked', stepId: 'insert' });
+      assert.equal(outcome.outcome, 'applied');
+    } finally {
+      await l.close();
+    }
+    assert.equal(ledger.count('acme:multi:poll-panicked:insert'), 1);
+  });
+
+  test('a pending call keeps Node alive until it settles, and nothing of the engine keeps it alive after', T, async () => {
+    const store = sqliteStore();
+    const ledger = new FileLedger(join(tempDir(), 'ledger'));
+    const w = worker(['lone', store, ledger.path, 'lone']);
+    // Exited on its own (a kept reference would hang it past the test's timeout) after printing.
+    assert.deepEqual(await w.exited, { code: 0, signal: null }, w.stderr());
+    assert.equal(await w.line(1_000), 'applied');
+    assert.equal(ledger.count('acme:multi:lone:insert'), 1);
+  });
+
   test('a panic in the engine around the function never crashes the process and is never a refusal', T, async () => {
     const store = sqliteStore();
     const ledger = new FileLedger(join(tempDir(), 'ledger'));

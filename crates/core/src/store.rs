@@ -19,6 +19,24 @@ use crate::webhook::{JobMatch, Recorded, WebhookEvent};
 /// A boxed future, so that `dyn Store` works without an async-trait dependency.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+thread_local! {
+    static NEVER_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread, for the rest of its life, as one that must never wait for the disk or
+/// for another thread: a JavaScript event loop that polls the engine's futures itself. A store
+/// then never commits a write on it (the write goes to the store's own thread, and the future
+/// is woken when it is durable).
+pub fn never_wait_on_this_thread() {
+    NEVER_WAITS.set(true);
+}
+
+/// Whether a store may wait on this thread for a commit of its own (see
+/// [`never_wait_on_this_thread`]).
+pub fn may_wait_on_this_thread() -> bool {
+    !NEVER_WAITS.get()
+}
+
 /// A store failure, classified by what the caller may conclude from it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -11,7 +11,9 @@
 //! every exception of the user's code is read in JavaScript, where its class and message are.
 //!
 //! Each call goes through a Node-API thread-safe function: queued onto Node's event loop from
-//! the engine's task, and its promise awaited here, on the runtime, never blocking the loop.
+//! the future that calls it (itself polled on the event loop for `invoke`, on the runtime for
+//! the recoverer and the operator's reads), and its promise awaited by that future, never
+//! blocking the loop.
 //! The thread-safe functions are weak: a registered tool does not keep the process alive.
 
 use std::time::Duration;

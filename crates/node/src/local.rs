@@ -6,7 +6,8 @@
 //! outcome is the body API v1 answers (`outcome`, `operation_key`, `effect_reference`,
 //! `safe_to_repeat`, `next_action`, `retry_after_seconds`, `result`, `error`), so the
 //! TypeScript side reads it with the HTTP client's own reader. Every call that waits on the
-//! store answers a promise at once ([`runtime::promise`]); Node's event loop never waits.
+//! store answers a promise at once (`invoke`: [`crate::event_loop::promise`], polled on the
+//! event loop; the others: [`runtime::promise`], on the runtime); Node's event loop never waits.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -303,9 +304,11 @@ impl NativeLocal {
             return settled;
         }
         let caller = self.caller.clone();
-        // The promise's task runs to its end (a promise cannot be cancelled, and nothing aborts
-        // the task), so the delivery runs on it rather than on a task of its own.
-        promise(env, async move {
+        // Polled on the event loop itself (see `event_loop`): the function is called, and the
+        // promise settled, on this thread. A promise cannot be cancelled and nothing drops the
+        // future before its end, so the delivery runs in it rather than on a task of its own.
+        crate::event_loop::promise(env, async move {
+            runtime::test_panic("invoke_polled");
             let outcome = app
                 .invoke_awaited(caller, &tool, workflow_id, step_id, arguments, wait)
                 .await;

@@ -2,14 +2,16 @@
 //! the runtime's threads.
 //!
 //! The runtime is built on first use (the first `Local`) and shared by every `Local` of the
-//! process. Node's event loop never waits on it: each call of the engine returns a promise at
-//! once, and the engine's task resolves it through Node-API's deferred (a thread-safe call back
-//! onto the event loop) when it ends.
+//! process. Node's event loop never waits on it: the operator's methods and reads return a
+//! promise at once, and the engine's task resolves it through Node-API's deferred (a
+//! thread-safe call back onto the event loop) when it ends. A call of a tool is polled on the
+//! event loop instead ([`crate::event_loop`]), with this runtime entered for its timers and the
+//! tasks it spawns.
 //!
 //! A call that memory alone answers (a replay of a settled record, [`settled_now`]) does not
 //! go there and back: it runs on the event loop's thread, which it cannot block because it
 //! is not async (it has no store to wait on), and its promise is settled before it is
-//! returned. The hop to the runtime's threads and back was most of a replay's time.
+//! returned.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

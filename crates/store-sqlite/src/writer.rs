@@ -10,11 +10,16 @@
 //! commits once, and only then answers every caller. A caller therefore hears back
 //! only once its own write is durable, and a busy store batches more the busier it gets.
 //!
+//! A batch of writes that all came from an event loop (Node's, which polls the engine's futures
+//! itself: `store::never_wait_on_this_thread`) does not wait for the rest of a wave: that
+//! loop's callers write one after another as it runs each caller's JavaScript, so the writer
+//! commits what has come, and the loop's next writes gather during that commit's fsync.
+//!
 //! A caller alone has nobody to share an fsync with, and the hand-off to the writer thread and
 //! the answer back were a fifth of its operation: while the last batch held one command and
 //! nothing waits for the writer thread, a caller takes the write connection itself (it sits
 //! behind a mutex, which the writer thread holds only for a batch) and commits its own write
-//! the same way, on its own thread.
+//! the same way, on its own thread — never on an event loop's, which must not wait for an fsync.
 //!
 //! Each command must be all or nothing even though it shares a transaction: a command that
 //! fails after some of its statements wrote must not commit those writes beside the others'.
@@ -95,6 +100,9 @@ trait Command: Send {
     fn answer(self: Box<Self>, failure: Option<&Error>);
     /// Whether the caller must not hear back before the write is on the disk.
     fn durable(&self) -> bool;
+    /// Whether the caller is an event loop (`store::never_wait_on_this_thread`), whose other
+    /// callers' writes come one poll apart rather than microseconds apart.
+    fn by_event_loop(&self) -> bool;
 }
 
 struct Queued<T, W> {
@@ -102,6 +110,7 @@ struct Queued<T, W> {
     result: Option<Result<T, Error>>,
     reply: oneshot::Sender<Result<T, Error>>,
     durable: bool,
+    by_event_loop: bool,
 }
 
 impl<T, W> Command for Queued<T, W>
@@ -125,6 +134,7 @@ where
             result,
             reply,
             durable: _,
+            by_event_loop: _,
         } = *self;
         // The work goes before the caller hears back, so that what it shares with the caller
         // is the caller's alone again when it wakes.
@@ -142,6 +152,10 @@ where
 
     fn durable(&self) -> bool {
         self.durable
+    }
+
+    fn by_event_loop(&self) -> bool {
+        self.by_event_loop
     }
 }
 
@@ -202,6 +216,8 @@ struct Shared {
     log: Arc<Log>,
     /// The connection's `synchronous` setting and, under `FULL`, whether it is lowered now.
     sync: SyncLevel,
+    /// The longest a batch waits for the rest of a wave ([`LINGER`]).
+    linger: Duration,
 }
 
 /// Under `synchronous=FULL`, a transaction that holds only a write nobody waits to be durable
@@ -253,6 +269,16 @@ impl Writer {
         log: Arc<Log>,
         full: bool,
     ) -> Result<Writer, Error> {
+        Writer::spawn_lingering(conn, max_batch, log, full, LINGER)
+    }
+
+    fn spawn_lingering(
+        conn: Connection,
+        max_batch: usize,
+        log: Arc<Log>,
+        full: bool,
+        linger: Duration,
+    ) -> Result<Writer, Error> {
         let shared = Arc::new(Shared {
             conn: Mutex::new(conn),
             wave: AtomicUsize::new(1),
@@ -264,6 +290,7 @@ impl Writer {
                 full,
                 lowered: AtomicBool::new(false),
             },
+            linger,
         });
         let (queue, commands) = mpsc::channel();
         let writing = Arc::clone(&shared);
@@ -311,6 +338,7 @@ impl Writer {
             result: None,
             reply,
             durable,
+            by_event_loop: !idemgate_core::store::may_wait_on_this_thread(),
         });
         let queue = self
             .queue
@@ -401,10 +429,12 @@ impl Shared {
 }
 
 /// Whether this task may block its thread: on a multi-threaded tokio runtime, through
-/// `block_in_place`, which first moves the thread's other tasks elsewhere.
+/// `block_in_place`, which first moves the thread's other tasks elsewhere, and never on a
+/// thread that must not wait (Node's event loop, `store::never_wait_on_this_thread`).
 fn may_block() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    idemgate_core::store::may_wait_on_this_thread()
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 impl Drop for Writer {
@@ -427,7 +457,7 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
     let mut carried: Option<Box<dyn Command>> = None;
     // Blocks until someone writes; ends when every handle has been dropped.
     while let Some(first) = carried.take().or_else(|| commands.recv().ok()) {
-        let deadline = Instant::now() + LINGER;
+        let deadline = Instant::now() + shared.linger;
         let conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
         // How many commands the previous batch held: the size of the wave of concurrent
         // callers.
@@ -438,6 +468,12 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         let level = shared.sync.prepare(&conn, durable);
         let mut batch = Open::begin(&conn, max_batch);
         batch.fail_on(level);
+        // Whether the rest of a wave is worth waiting for: not when every write so far came
+        // from an event loop. Its callers' writes come one after another as the loop runs each
+        // caller's JavaScript; the writer waiting for the last of them would only idle while the
+        // loop, its work done, waits for the commit — the two threads taking turns. Committed
+        // as they come, the loop's next writes gather during this commit's fsync instead.
+        let mut patient = !first.by_event_loop();
         batch.add(first);
         let fits = |command: &dyn Command| durable || !command.durable();
         // Each command runs as soon as it is taken, so the writer works while the rest of the
@@ -449,6 +485,7 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
                     break;
                 }
                 Ok(command) => {
+                    patient |= !command.by_event_loop();
                     batch.add(command);
                     continue;
                 }
@@ -460,7 +497,7 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
             // is usually a few microseconds away, and the fsync about to be paid costs far
             // more: wait for it, briefly and boundedly. A lone caller (a wave of one) never
             // waits.
-            if batch.len() >= wave {
+            if batch.len() >= wave || !patient {
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -469,7 +506,10 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
                     carried = Some(command);
                     break;
                 }
-                Ok(command) => batch.add(command),
+                Ok(command) => {
+                    patient |= !command.by_event_loop();
+                    batch.add(command);
+                }
                 Err(_) => break,
             }
         }
@@ -838,6 +878,74 @@ mod tests {
         assert_eq!(names(&dir), vec!["a", "b", "c", "d"]);
         let stats = writer.stats();
         assert_eq!((stats.commits, stats.commands), (4, 4));
+    }
+
+    /// A write made from a thread of its own (not one of the runtime's) inside the runtime, on
+    /// a thread marked as an event loop or not: the thread it was committed on, and how long it
+    /// took.
+    fn written_from_thread(
+        writer: &Writer,
+        name: &'static str,
+        event_loop: bool,
+    ) -> (Option<String>, std::time::Duration) {
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    if event_loop {
+                        idemgate_core::store::never_wait_on_this_thread();
+                    }
+                    let started = std::time::Instant::now();
+                    let thread = runtime.block_on(written_on(writer, name));
+                    (thread, started.elapsed())
+                })
+                .join()
+                .expect("the thread ends")
+            })
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_event_loops_write_goes_to_the_writer_thread_and_never_waits_for_a_wave() {
+        let dir = tempfile::tempdir().unwrap();
+        let linger = std::time::Duration::from_secs(1);
+        let writer = Writer::spawn_lingering(
+            {
+                let conn = Connection::open(dir.path().join("w.sqlite")).expect("a database");
+                conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")
+                    .expect("a table");
+                conn
+            },
+            64,
+            Arc::default(),
+            false,
+            linger,
+        )
+        .expect("a writer");
+        let writer_thread = Some("idemgate-sqlite-writer".to_owned());
+        // Alone: an ordinary thread commits its own write; an event loop never waits for a
+        // commit, so its write goes to the writer thread.
+        let (thread, _) = written_from_thread(&writer, "a", false);
+        assert_ne!(thread, writer_thread);
+        let (thread, _) = written_from_thread(&writer, "b", true);
+        assert_eq!(thread, writer_thread);
+        // After a wave of four, an ordinary caller's write waits on the writer thread for the
+        // rest of the wave (here a whole second); an event loop's is committed as it comes.
+        writer.shared.wave.store(4, Ordering::Relaxed);
+        let (thread, took) = written_from_thread(&writer, "c", false);
+        assert_eq!(thread, writer_thread);
+        assert!(
+            took >= linger,
+            "the batch did not wait for the wave: {took:?}"
+        );
+        writer.shared.wave.store(4, Ordering::Relaxed);
+        let (thread, took) = written_from_thread(&writer, "d", true);
+        assert_eq!(thread, writer_thread);
+        assert!(
+            took < linger,
+            "an event loop's write waited for a wave: {took:?}"
+        );
+        assert_eq!(names(&dir), vec!["a", "b", "c", "d"]);
     }
 
     #[test]

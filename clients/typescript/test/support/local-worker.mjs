@@ -12,6 +12,14 @@
 //       call again, which the engine answers from memory on the event loop's thread and panics
 //       there; prints one JSON line: the first label, how the replay ended, and the process
 //       still running.
+//   node local-worker.mjs invoke-panic URL LEDGER WORKFLOW
+//       (run with IDEMGATE_NODE_TEST_PANIC=invoke_polled) delivers one call, whose future panics
+//       while the event loop polls it, before anything is claimed; prints one JSON line: how the
+//       call ended and the process still running.
+//   node local-worker.mjs lone URL LEDGER WORKFLOW
+//       delivers one call and prints its label from the promise's callback, with nothing else
+//       keeping the process alive (no timer, no open Local's recoverer, no close): the pending
+//       call must keep it alive until it settles, and nothing must keep it alive after.
 //
 // Each function appends a line with its operation key to LEDGER (fsynced): the effects,
 // counted on the effect's own side.
@@ -79,6 +87,22 @@ async function main() {
     );
     process.stdout.write(`${JSON.stringify({ label: outcome.outcome, again, alive: true })}\n`);
     await local.close();
+    return;
+  }
+  if (mode === 'invoke-panic') {
+    const insert = register(local, ledger);
+    const first = await insert({ n: 1 }, { workflowId, stepId: 'insert' }).then(
+      (o) => `answered ${o.outcome}`,
+      (e) => `rejected ${e.constructor.name}: ${e.message}`,
+    );
+    process.stdout.write(`${JSON.stringify({ first, alive: true })}\n`);
+    await local.close();
+    return;
+  }
+  if (mode === 'lone') {
+    const insert = register(local, ledger);
+    // Not awaited, and nothing after it: the process lives on the pending call alone.
+    insert({ n: 1 }, { workflowId, stepId: 'insert' }).then((o) => process.stdout.write(`${o.outcome}\n`));
     return;
   }
   throw new Error(`local-worker: unknown mode ${mode}`);
