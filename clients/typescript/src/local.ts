@@ -515,8 +515,9 @@ function specOf(name: string, options: ToolOptions): Record<string, unknown> {
 // Local.
 
 /**
- * idemgate's engine in this process, over one store. Every call answers a promise at once: the
- * engine waits on the store and on tools' functions off Node's event loop.
+ * idemgate's engine in this process, over one store. Every call answers a promise at once, and
+ * Node's event loop never waits: the store commits on its own thread and wakes the call when
+ * its write is durable, and a tool's function is awaited like any promise.
  *
  * `new Local('sqlite://ops.sqlite', { tenant: 'acme', environment: 'production' })` — the
  * store is created (or migrated) on first use, in the gateway's schema, so `idemgate ops
