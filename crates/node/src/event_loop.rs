@@ -211,17 +211,19 @@ fn poll(env: &Env, lp: &Loop, task: &Arc<Task>) {
         };
         let waker = Waker::from(Arc::clone(task));
         let mut cx = Context::from_waker(&waker);
-        let polled = {
-            // Timers and spawned tasks belong to the runtime, whichever thread polls.
-            let _entered = runtime().ok().map(|rt| rt.enter());
-            std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)))
-        };
+        // Timers and spawned tasks belong to the runtime, whichever thread polls; a future left
+        // unfinished by a panic is dropped inside it too (what it holds may deregister there).
+        let _entered = runtime().ok().map(|rt| rt.enter());
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
         let answer = match polled {
             Ok(Poll::Pending) => return,
             Ok(Poll::Ready(answer)) => answer,
             Err(panic) => Err(internal(&*panic)),
         };
-        *job = None;
+        // A panic while dropping what the future held is caught as the poll's was.
+        if std::panic::catch_unwind(AssertUnwindSafe(|| *job = None)).is_err() {
+            tracing::error!("idemgate: a call's future panicked while it was dropped");
+        }
         answer
     };
     let deferred = task
