@@ -32,7 +32,7 @@ use napi::bindgen_prelude::{Function, Object, ToNapiValue};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{Env, Error, JsError, Status, sys};
 
-use crate::runtime::{internal, runtime};
+use crate::runtime::{futures_catch, internal, runtime};
 
 type Answer = napi::Result<String>;
 type Job = Pin<Box<dyn Future<Output = Answer> + Send>>;
@@ -46,7 +46,7 @@ type WakeFn = ThreadsafeFunction<(), (), (), Status, false, true>;
 struct Deferred(sys::napi_deferred);
 
 // SAFETY: a `Deferred` is created, resolved and rejected on its event loop's thread only
-// (`spawn` and `drain`); other threads only hold the task it belongs to.
+// (`promise` and `poll`); other threads only hold the task it belongs to.
 unsafe impl Send for Deferred {}
 
 /// What a waker needs, shared with every thread.
@@ -70,12 +70,18 @@ impl Shared {
     }
 }
 
+/// A call not settled yet: its future, and the promise it settles.
+struct Running {
+    future: Job,
+    deferred: Deferred,
+}
+
 struct Task {
     shared: Arc<Shared>,
     /// In the ready queue, or about to be.
     queued: AtomicBool,
-    job: Mutex<Option<Job>>,
-    deferred: Mutex<Option<Deferred>>,
+    /// Taken when the future finishes.
+    running: Mutex<Option<Running>>,
 }
 
 impl Wake for Task {
@@ -173,11 +179,19 @@ where
             "idemgate could not create a promise".to_string(),
         ));
     }
+    // A panic while the future is polled ends it with an error; it never unwinds into Node.
+    let future = async move {
+        futures_catch(future)
+            .await
+            .unwrap_or_else(|p| Err(internal(&*p)))
+    };
     let task = Arc::new(Task {
         shared: Arc::clone(&lp.shared),
         queued: AtomicBool::new(false),
-        job: Mutex::new(Some(Box::pin(future))),
-        deferred: Mutex::new(Some(Deferred(deferred))),
+        running: Mutex::new(Some(Running {
+            future: Box::pin(future),
+            deferred: Deferred(deferred),
+        })),
     });
     count(env, &lp, 1);
     poll(env, &lp, &task);
@@ -204,37 +218,27 @@ fn drain(env: &Env) {
 }
 
 fn poll(env: &Env, lp: &Loop, task: &Arc<Task>) {
-    let answer = {
-        let mut job = task.job.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(future) = job.as_mut() else {
-            return;
-        };
-        let waker = Waker::from(Arc::clone(task));
-        let mut cx = Context::from_waker(&waker);
-        // Timers and spawned tasks belong to the runtime, whichever thread polls; a future left
-        // unfinished by a panic is dropped inside it too (what it holds may deregister there).
-        let _entered = runtime().ok().map(|rt| rt.enter());
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
-        let answer = match polled {
-            Ok(Poll::Pending) => return,
-            Ok(Poll::Ready(answer)) => answer,
-            Err(panic) => Err(internal(&*panic)),
-        };
-        // A panic while dropping what the future held is caught as the poll's was.
-        if std::panic::catch_unwind(AssertUnwindSafe(|| *job = None)).is_err() {
-            tracing::error!("idemgate: a call's future panicked while it was dropped");
-        }
-        answer
+    let mut running = task.running.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(Running { future, .. }) = running.as_mut() else {
+        return;
     };
-    let deferred = task
-        .deferred
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    if let Some(deferred) = deferred {
-        settle(env, deferred, answer);
-        count(env, lp, -1);
+    let waker = Waker::from(Arc::clone(task));
+    // Timers and spawned tasks belong to the runtime, whichever thread polls; a future left
+    // unfinished by a panic is dropped inside it too (what it holds may deregister there).
+    let _entered = runtime().ok().map(|rt| rt.enter());
+    let Poll::Ready(answer) = future.as_mut().poll(&mut Context::from_waker(&waker)) else {
+        return;
+    };
+    let Some(Running { future, deferred }) = running.take() else {
+        return;
+    };
+    // A panic while dropping what a panicked future held is caught as its poll's was.
+    if std::panic::catch_unwind(AssertUnwindSafe(|| drop(future))).is_err() {
+        tracing::error!("idemgate: a call's future panicked while it was dropped");
     }
+    drop(running);
+    settle(env, deferred, answer);
+    count(env, lp, -1);
 }
 
 fn settle(env: &Env, deferred: Deferred, answer: Answer) {
