@@ -407,6 +407,54 @@ def test_a_panic_in_the_binding_after_the_call_is_unknown_and_the_interpreter_li
     assert ledger.count() == 1 and len(ledger.calls) == 1
 
 
+def test_a_panic_after_the_call_while_another_caller_waits_is_unknown_and_calls_go_on(
+    local: idemgate.Local, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another caller blocked in the engine, a call's future is polled on the extension's
+    poller thread: a panic there answers that call (unknown, one effect), and the calls after it
+    are still polled and answered."""
+    issue_refund = refunds(local, ledger)
+    running, release = threading.Event(), threading.Event()
+
+    @local.tool("slow.hold", fingerprint=["n"])
+    def hold(n: int) -> dict[str, int]:
+        running.set()
+        release.wait(20)
+        return {"n": n}
+
+    held: list[idemgate.Outcome] = []
+    holder = threading.Thread(target=lambda: held.append(hold.invoke({"n": 1}, workflow_id="run-15p", step_id="hold")))
+    holder.start()
+    assert running.wait(20), "the holding call never ran its function"
+    answers: list[idemgate.Outcome] = []
+
+    def calls() -> None:
+        with idemgate.workflow("run-15p"):
+            with idemgate.step("refund"):
+                monkeypatch.setenv("IDEMGATE_PY_TEST_PANIC", "after_call")
+                try:
+                    answers.append(issue_refund(order_id="pi", amount=1))
+                finally:
+                    monkeypatch.delenv("IDEMGATE_PY_TEST_PANIC")
+                answers.append(issue_refund(order_id="pi", amount=1))
+            with idemgate.step("refund-2"):
+                answers.append(issue_refund(order_id="pj", amount=2))
+
+    caller = threading.Thread(target=calls)
+    caller.start()
+    caller.join(30)
+    alive = caller.is_alive()
+    release.set()
+    holder.join(30)
+    assert not alive, "a call polled beside another caller's never came back"
+    first, again, other = answers
+    assert isinstance(first, idemgate.Unknown), first
+    assert isinstance(again, idemgate.Unknown), again
+    assert isinstance(other, idemgate.Applied), other
+    assert held and isinstance(held[0], idemgate.Applied), held
+    assert ledger.count() == 2 and len(ledger.calls) == 2
+
+
 def test_a_panic_on_the_memory_only_replay_path_is_an_exception_and_the_interpreter_lives_on(
     local: idemgate.Local, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,10 +17,13 @@
 //! - [`convert`] — Python values to JSON and back, once at the edge.
 //! - [`runtime`] — the process's one tokio runtime (started on first use) and the two ways
 //!   Python waits on it.
+//! - [`poller`] — the thread that polls synchronous callers' futures while several wait at
+//!   once.
 
 mod convert;
 mod effect;
 mod local;
+mod poller;
 mod runner;
 mod runtime;
 mod spec;

@@ -344,7 +344,13 @@ impl NativeLocal {
             // The answer is made once the wait is over and this thread holds the interpreter
             // lock again: made inside the wait, it took the lock a second time per call, which
             // with other threads waiting for the lock is a second hand-off of it.
-            let outcome = block_on(py, call)?;
+            // An invocation may be polled with other callers' (`poller`); an operator's call,
+            // which may read many rows, is polled here.
+            let outcome = if shapes.is_some() {
+                runtime::block_on_shared(py, call)?
+            } else {
+                block_on(py, call)?
+            };
             return answer_of(py, &outcome, shapes.as_deref()).map(|answer| answer.into_bound(py));
         }
         awaitable(py, async move {

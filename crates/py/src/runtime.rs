@@ -58,6 +58,32 @@ where
     })
 }
 
+/// [`block_on`] for a call that may be polled elsewhere: while other callers wait too, its
+/// future is polled on the extension's poller thread after its first poll here
+/// ([`crate::poller`]); a caller alone polls its own.
+pub fn block_on_shared<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let runtime = runtime()?;
+    py.detach(|| {
+        let others = BLOCKED.load(Ordering::Relaxed) > 0;
+        let _blocked = Blocked::enter();
+        let future = if others {
+            let _entered = runtime.enter();
+            match crate::poller::run(runtime.handle(), future) {
+                Ok(output) => return output.map_err(|panic| internal(&*panic)),
+                Err(future) => future,
+            }
+        } else {
+            future
+        };
+        std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
+            .map_err(|panic| internal(&panic))
+    })
+}
+
 /// How many callers are blocked in [`block_on`] right now, in the whole process.
 static BLOCKED: AtomicUsize = AtomicUsize::new(0);
 
