@@ -893,3 +893,39 @@ def test_a_forked_child_is_told_to_make_its_own_local(local: idemgate.Local, led
     assert status == 0
     assert "forked" in message and "Create each Local in the process" in message, message
     assert ledger.count() == 1
+
+
+_EXIT_WHILE_A_FUNCTION_RUNS = """
+import sys, time, idemgate
+local = idemgate.Local("sqlite://" + sys.argv[1])
+
+@local.tool("slow.spin", fingerprint=["n"], timeout=0.1)
+def spin(n: int, *, idempotency_key: str) -> dict:
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # holds and gives back the interpreter lock, again and again
+        pass
+    with open(sys.argv[2], "a") as ledger:
+        ledger.write(idempotency_key + "\\n")
+    return {"n": n}
+
+print(spin.invoke({"n": 1}, workflow_id="run-exit", step_id="spin").label, flush=True)
+"""
+
+
+def test_the_interpreter_exits_cleanly_while_a_function_runs_past_its_timeout(tmp_path: Path) -> None:
+    """The call answers `unknown` at its timeout and the program ends while the function still
+    runs on a runner thread: the exit waits for it (as Python waits for its own threads) instead
+    of the interpreter ending that thread mid-call, which aborted the process."""
+    import subprocess
+    import sys
+
+    ledger = tmp_path / "effects.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_A_FUNCTION_RUNS, str(tmp_path / "exit.sqlite"), str(ledger)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "unknown", done.stdout
+    assert ledger.read_text().splitlines() == ["default:development:run-exit:spin"]

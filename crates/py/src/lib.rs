@@ -30,10 +30,18 @@ mod spec;
 
 use pyo3::prelude::*;
 
+/// Waits, with the interpreter lock released, until no tool function is queued for or running
+/// on a runner thread: called at the interpreter's exit (`runner::wait_until_quiet`).
+#[pyfunction]
+fn wait_for_functions(py: Python<'_>) {
+    py.detach(runner::wait_until_quiet);
+}
+
 /// The extension module, `idemgate._native`.
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<local::NativeLocal>()?;
+    m.add_function(wrap_pyfunction!(wait_for_functions, m)?)?;
     Ok(())
 }

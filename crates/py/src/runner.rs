@@ -65,6 +65,8 @@ struct State {
     idle: usize,
     /// Wake-ups sent to waiting runners and not yet taken up.
     woken: usize,
+    /// Jobs taken by a runner and not finished: functions running now.
+    running: usize,
 }
 
 impl State {
@@ -102,6 +104,8 @@ impl State {
 struct Pool {
     state: Mutex<State>,
     ready: Condvar,
+    /// Signalled when no job is queued or running any more ([`wait_until_quiet`]).
+    quiet: Condvar,
 }
 
 impl Pool {
@@ -116,6 +120,7 @@ fn pool() -> &'static Pool {
     POOL.get_or_init(|| Pool {
         state: Mutex::new(State::default()),
         ready: Condvar::new(),
+        quiet: Condvar::new(),
     })
 }
 
@@ -169,11 +174,32 @@ fn start(job: Job, py: Option<Python<'_>>) {
 /// Runs every queued job, one after another, with `py`.
 fn drain(pool: &Pool, py: Option<Python<'_>>) {
     loop {
-        let job = pool.lock().jobs.pop_front();
-        match job {
-            Some(job) => start(job, py),
-            None => return,
+        let job = {
+            let mut s = pool.lock();
+            let job = s.jobs.pop_front();
+            s.running += usize::from(job.is_some());
+            job
+        };
+        let Some(job) = job else { return };
+        start(job, py);
+        let mut s = pool.lock();
+        s.running -= 1;
+        if s.running == 0 && s.jobs.is_empty() {
+            pool.quiet.notify_all();
         }
+    }
+}
+
+/// Waits until no function is queued for a runner or running on one. For the interpreter's
+/// exit: once it has begun, a thread that takes the interpreter lock back (a function returning
+/// from a sleep or a read it made with the lock released) is ended by the interpreter on the
+/// spot, and ending a runner that way aborts the process. Python waits for its own threads
+/// still running the same way (`threading`, `concurrent.futures`).
+pub fn wait_until_quiet() {
+    let pool = pool();
+    let mut s = pool.lock();
+    while s.running > 0 || !s.jobs.is_empty() {
+        s = pool.quiet.wait(s).unwrap_or_else(PoisonError::into_inner);
     }
 }
 

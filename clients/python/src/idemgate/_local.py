@@ -200,12 +200,18 @@ _exit_registered = False
 
 
 def _close_all() -> None:
-    """At interpreter exit: stop every recoverer before the interpreter goes away under it."""
+    """At interpreter exit: stop every recoverer before the interpreter goes away under it, then
+    wait for the tools' functions still running on idemgate's runner threads (one past its
+    timeout, say), as Python waits for its own threads: the interpreter ends a thread that takes
+    its lock back once its exit has begun, and ending a runner that way aborts the process."""
     for local in list(_open):
         try:
             local._native.close()
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
+    from ._native import wait_for_functions
+
+    wait_for_functions()
 
 
 def _text_argument(name: str, value: Any) -> str:

@@ -18,6 +18,8 @@ OperationAnswer = Optional[tuple[Any, ...]]
 # (level, rule, field, reason)
 Finding = tuple[str, str, str, str]
 
+def wait_for_functions() -> None: ...
+
 class NativeLocal:
     def __init__(
         self,
