@@ -181,11 +181,22 @@ fn drain(pool: &Pool, py: Option<Python<'_>>) {
             job
         };
         let Some(job) = job else { return };
+        // Counted out when it ends, even by unwinding (a job catches its own panics; the count
+        // does not rely on it: a job counted forever would hold the interpreter's exit).
+        let _running = Running(pool);
         start(job, py);
-        let mut s = pool.lock();
+    }
+}
+
+/// A job taken by a runner, counted in [`State::running`] until dropped.
+struct Running<'a>(&'a Pool);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
         s.running -= 1;
         if s.running == 0 && s.jobs.is_empty() {
-            pool.quiet.notify_all();
+            self.0.quiet.notify_all();
         }
     }
 }
