@@ -23,7 +23,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Wake, Waker};
-use std::thread::Thread;
 
 use tokio::runtime::Handle;
 
@@ -173,17 +172,12 @@ fn poll_forever(poller: &'static Poller, runtime: &Handle) {
     }
 }
 
-/// Where a call's answer is left for its caller.
-struct Answer<T> {
-    value: Mutex<Option<Result<T, Panic>>>,
-    caller: Thread,
-}
-
 /// Runs `future` to its end for the calling thread, which must be a caller that is not alone
-/// (see the module documentation): its first poll here, the rest on the poller; `None` when
-/// the poller could not be started, `future` then handed back. The caller is parked meanwhile;
-/// the runtime must be entered.
-pub fn run<F>(runtime: &Handle, future: F) -> Result<Result<F::Output, Panic>, F>
+/// (see the module documentation): its first poll here, the rest on the poller; `Err` when
+/// the poller could not be started, `future` then handed back. The caller waits meanwhile; the
+/// runtime must be entered. `None` inside: the future was dropped unfinished (it never is while
+/// it can still be woken; were it, the caller hears so instead of waiting forever).
+pub fn run<F>(runtime: &Handle, future: F) -> Result<Option<Result<F::Output, Panic>>, F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
@@ -191,18 +185,9 @@ where
     let Some(poller) = poller(runtime) else {
         return Err(future);
     };
-    let answer = Arc::new(Answer {
-        value: Mutex::new(None),
-        caller: std::thread::current(),
-    });
-    let answering = Arc::clone(&answer);
+    let (answer_to, answer) = std::sync::mpsc::sync_channel(1);
     let job: Job = Box::pin(async move {
-        let output = crate::runtime::futures_catch(future).await;
-        *answering
-            .value
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(output);
-        answering.caller.unpark();
+        let _ = answer_to.send(crate::runtime::futures_catch(future).await);
     });
     let task = Arc::new(Task {
         state: AtomicU8::new(POLLING),
@@ -211,15 +196,5 @@ where
     });
     task.run();
     drop(task);
-    loop {
-        if let Some(output) = answer
-            .value
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            return Ok(output);
-        }
-        std::thread::park();
-    }
+    Ok(answer.recv().ok())
 }

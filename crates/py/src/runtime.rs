@@ -53,9 +53,14 @@ where
     let runtime = runtime()?;
     py.detach(|| {
         let _blocked = Blocked::enter();
-        std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
-            .map_err(|panic| internal(&panic))
+        poll_here(runtime, future)
     })
+}
+
+/// Polls `future` to its end on this thread, a panic caught.
+fn poll_here<F: Future>(runtime: &Runtime, future: F) -> PyResult<F::Output> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
+        .map_err(|panic| internal(&panic))
 }
 
 /// [`block_on`] for a call that may be polled elsewhere: while other callers wait too, its
@@ -70,17 +75,17 @@ where
     py.detach(|| {
         let others = BLOCKED.load(Ordering::Relaxed) > 0;
         let _blocked = Blocked::enter();
-        let future = if others {
-            let _entered = runtime.enter();
-            match crate::poller::run(runtime.handle(), future) {
-                Ok(output) => return output.map_err(|panic| internal(&*panic)),
-                Err(future) => future,
-            }
-        } else {
-            future
-        };
-        std::panic::catch_unwind(AssertUnwindSafe(|| runtime.handle().block_on(future)))
-            .map_err(|panic| internal(&panic))
+        if !others {
+            return poll_here(runtime, future);
+        }
+        let _entered = runtime.enter();
+        match crate::poller::run(runtime.handle(), future) {
+            Ok(Some(output)) => output.map_err(|panic| internal(&*panic)),
+            Ok(None) => Err(PyRuntimeError::new_err(
+                "idemgate's engine dropped a call unanswered",
+            )),
+            Err(future) => poll_here(runtime, future),
+        }
     })
 }
 
