@@ -104,18 +104,34 @@ const LATER: i64 = 31_000;
 #[test]
 fn sigkill_after_claim_then_restart_executes_once() {
     let p = place();
-    kill(paused(&p, "lookup", "s1", "claim"));
+    kill(paused(&p, "dedup", "s1", "claim"));
     assert_eq!(effects(&p.ledger, "s1"), 0, "killed before the effect");
     // The dead worker's lease is still live: a retry waits instead of guessing.
-    let early = deliver(&p, "lookup", "s1", 0);
+    let early = deliver(&p, "dedup", "s1", 0);
     assert_eq!(early["status"], "in_flight", "{early}");
     assert_eq!(effects(&p.ledger, "s1"), 0);
-    // After the lease: no dispatch marker was written, so nothing was sent; recovery executes.
-    let later = deliver(&p, "lookup", "s1", LATER);
+    // After the lease: the downstream deduplicates on the key, so the claim took no dispatch
+    // marker and recovery executes under the same key.
+    let later = deliver(&p, "dedup", "s1", LATER);
     assert_eq!(later["status"], "applied", "{later}");
     assert_eq!(effects(&p.ledger, "s1"), 1);
-    assert_eq!(deliver(&p, "lookup", "s1", LATER)["status"], "replayed");
+    assert_eq!(deliver(&p, "dedup", "s1", LATER)["status"], "replayed");
     assert_eq!(effects(&p.ledger, "s1"), 1);
+}
+
+#[test]
+fn sigkill_after_a_marked_claim_then_restart_ends_unknown_never_sent() {
+    // A downstream that does not deduplicate: its claim is written with the dispatch marker in
+    // it, so a worker killed right after it may, for all a later one can tell, have sent.
+    let p = place();
+    kill(paused(&p, "lookup", "s1", "claim"));
+    assert_eq!(effects(&p.ledger, "s1"), 0, "killed before the effect");
+    let later = deliver(&p, "lookup", "s1", LATER);
+    assert_eq!(later["status"], "unknown", "{later}");
+    assert_eq!(later["next_action"], "reconcile");
+    assert_eq!(effects(&p.ledger, "s1"), 0, "never sent blindly");
+    assert_eq!(deliver(&p, "lookup", "s1", LATER)["status"], "unknown");
+    assert_eq!(effects(&p.ledger, "s1"), 0);
 }
 
 #[test]
@@ -149,11 +165,11 @@ fn sigkill_after_downstream_commit_without_receipt_path_ends_unknown() {
 #[test]
 fn recoverer_finishes_what_killed_workers_left() {
     let p = place();
-    kill(paused(&p, "lookup", "a", "claim"));
-    kill(paused(&p, "lookup", "b", "commit"));
+    kill(paused(&p, "dedup", "a", "claim"));
+    kill(paused(&p, "dedup", "b", "commit"));
     let out = worker(
         &p,
-        "lookup",
+        "dedup",
         &["--recover", "--clock-offset-ms", &LATER.to_string()],
     )
     .output()
@@ -166,7 +182,7 @@ fn recoverer_finishes_what_killed_workers_left() {
     let report: Value =
         serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
     assert_eq!(report["recovered"], 2, "{report}");
-    assert_eq!(deliver(&p, "lookup", "a", LATER)["status"], "replayed");
-    assert_eq!(deliver(&p, "lookup", "b", LATER)["status"], "replayed");
+    assert_eq!(deliver(&p, "dedup", "a", LATER)["status"], "replayed");
+    assert_eq!(deliver(&p, "dedup", "b", LATER)["status"], "replayed");
     assert_eq!((effects(&p.ledger, "a"), effects(&p.ledger, "b")), (1, 1));
 }

@@ -591,16 +591,21 @@ async fn a_late_finisher_in_another_process_is_fenced() {
         async move { store.get(&key).await.unwrap().expect("a record") }
     };
 
-    // 1. A is paused after its claim, before anything is sent. B takes the expired lease over
-    // (fence 2) and performs the effect. A then continues: its dispatch marker is conditional
-    // on fence 1, loses, and A sends nothing.
+    // 1. A is paused after its claim, before anything is sent, on a downstream that
+    // deduplicates (the claim of one that does not carries the dispatch marker: a pause after
+    // it is a pause after the marker, which step 2 covers with the commit). B takes the expired
+    // lease over (fence 2) and performs the effect. A then continues: what it sends under the
+    // key the downstream deduplicates, and its completion, conditional on fence 1, loses.
+    let dedup = ["--receipt", "dedup", "--lease-seconds", "3"];
+    let b1_args: Vec<&str> = dedup.iter().chain(&later).copied().collect();
     let mut a = Paused::start({
         let mut args = vec!["--step", "s1"];
-        args.extend(a_args("claim", true));
+        args.extend(dedup);
+        args.extend(["--name", "A", "--pause-after", "claim", "--resume-on-stdin"]);
         worker(&db, &ledger, &args)
     });
     a.expect_paused("claim");
-    let b = deliver(&db, &ledger, "s1", &b_args);
+    let b = deliver(&db, &ledger, "s1", &b1_args);
     assert_eq!(b["status"], "applied", "{b}");
     let taken_over = record("s1").await;
     assert_eq!(taken_over.fence, 2, "{taken_over:?}");

@@ -295,24 +295,6 @@ impl<S: Store> Store for FaultyStore<S> {
         })
     }
 
-    /// The same faults as a claim's, on the inner store's own claim before a marker.
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        Box::pin(async move {
-            let n = self.arrive(Write::Claim);
-            let fault = self.fault_for(n);
-            let claimed =
-                around(n, fault, || self.inner.claim_before_marker(record, events)).await?;
-            if let Claimed::Inserted(_) = claimed {
-                self.after_claim.pass().await;
-            }
-            Ok(claimed)
-        })
-    }
-
     /// The inner store's answer, unless [`FaultyStore::read_first`] chose the read-first path:
     /// the fault matrix then runs the path production takes on that store.
     fn claim_replaces_read(&self) -> bool {

@@ -180,15 +180,6 @@ impl Store for MemStore {
         })
     }
 
-    // Nothing here is on a disk.
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        self.claim(record, events)
-    }
-
     // The read-first path, which the scenarios' read and write counts were written against;
     // PostgreSQL runs the scenario matrix on both paths.
     fn claim_replaces_read(&self) -> bool {

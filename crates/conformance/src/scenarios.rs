@@ -14,7 +14,7 @@ use std::time::Duration;
 use idemgate_core::contract::Contract;
 use idemgate_core::effect::Authorization;
 use idemgate_core::outcome::{ErrorCode, NextAction, Status};
-use idemgate_core::record::{EventKind, RecordState, RecordStatus};
+use idemgate_core::record::{Dispatch, EventKind, RecordState, RecordStatus};
 use idemgate_core::store::Store;
 use idemgate_engine::{ActionError, Recoverer, Resolution, StatusRead, Tools};
 use serde_json::json;
@@ -38,6 +38,8 @@ macro_rules! __idemgate_scenarios {
             crash_after_downstream_commit_without_receipt_path_is_unknown,
             crash_after_claim_recovers_by_execution,
             crash_after_claim_recovered_by_recoverer,
+            crash_after_a_marked_claim_is_never_sent_blindly,
+            failed_marked_claim_is_never_sent_blindly,
             concurrent_workers_one_owner,
             simultaneous_deliveries_one_effect,
             changed_fingerprint_rejected_without_effect,
@@ -296,11 +298,15 @@ async fn crash_after_claim(h: &Harness, c: &Arc<Contract>, step: &str) {
     assert_eq!(status_of(h, step).await, RecordStatus::Pending);
 }
 
+/// A claim without the dispatch marker in it, dropped before the send, is taken over and run:
+/// a deduplicating downstream's (which takes no marker: a resend under the key is safe), and a
+/// claim under a duplicate-intent window (claimed first, the marker written after it). A new
+/// claim of any other tool carries its marker: see `crash_after_a_marked_claim_is_never_sent_blindly`.
 pub async fn crash_after_claim_recovers_by_execution(store: Arc<dyn Store>) {
     for spec in [
         Spec::key_based(),
-        Spec::key_based().dedup(false),
-        Spec::key_based().dedup(false).lookup(false),
+        Spec::key_based().lookup(false),
+        Spec::key_based().dedup(false).lookup(false).window("10m"),
     ] {
         let h = Harness::for_spec(store.clone(), &spec);
         let c = spec.contract();
@@ -319,6 +325,72 @@ pub async fn crash_after_claim_recovers_by_execution(store: Arc<dyn Store>) {
     }
 }
 
+/// A new claim of a tool whose downstream does not deduplicate takes its dispatch marker with it: a
+/// crash right after it leaves a record that says maybe sent, though nothing was. Without a
+/// receipt that proves the effect, recovery never sends it again: `unknown`, for an operator.
+pub async fn crash_after_a_marked_claim_is_never_sent_blindly(store: Arc<dyn Store>) {
+    for spec in [
+        Spec::key_based().dedup(false),
+        Spec::key_based().dedup(false).lookup(false),
+    ] {
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s-{}", spec.receipt_lookup);
+        crash_after_claim(&h, &c, &step).await;
+        let record = h.record(&step).await.unwrap();
+        assert!(
+            matches!(
+                record.state,
+                RecordState::Pending {
+                    dispatch: Dispatch::Sent,
+                    ..
+                }
+            ),
+            "{step}: the claim carries the marker: {record:?}"
+        );
+        h.expire_leases(&spec);
+        let retry = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(retry.status, Status::Unknown, "{step}: {retry:?}");
+        assert!(!retry.safe_to_repeat(), "{step}: {retry:?}");
+        assert_eq!(h.downstream.calls(), 0, "{step}: never sent blindly");
+        assert_effects(&h, 0, "a crash after a marked claim");
+        assert_eq!(status_of(&h, &step).await, RecordStatus::Unknown);
+    }
+}
+
+/// A marked claim whose write fails: the delivery sent nothing and says so. Where the write did
+/// not commit, nothing is left and the next delivery runs it. Where it did commit (an error
+/// reported after the commit), the record says maybe sent: it is not released (the delivery
+/// cannot tell it from an identical claim of another caller, which may have sent), so recovery
+/// ends it `unknown` — never a send it cannot account for.
+pub async fn failed_marked_claim_is_never_sent_blindly(store: Arc<dyn Store>) {
+    for fault in [StoreFault::Before, StoreFault::AfterCommit] {
+        let spec = Spec::key_based().dedup(false).lookup(false);
+        let h = Harness::for_spec(store.clone(), &spec);
+        let c = spec.contract();
+        let step = format!("s-{fault:?}");
+        h.store.fail_write(1, fault);
+        let o = h.deliver(&c, &step, &ticket("Refund")).await;
+        assert_eq!(h.store.faults_fired(), 1, "the claim was the faulted write");
+        assert_eq!(o.status, Status::Rejected, "{fault:?}: {o:?}");
+        assert_eq!(o.error_code(), Some(ErrorCode::StoreUnavailable), "{o:?}");
+        assert!(o.error_code().unwrap().retryable(), "{fault:?}: {o:?}");
+        assert_eq!(h.downstream.calls(), 0, "{fault:?}: nothing sent");
+        h.expire_leases(&spec);
+        let retry = h.deliver(&c, &step, &ticket("Refund")).await;
+        match fault {
+            StoreFault::Before => {
+                assert_eq!(retry.status, Status::Applied, "{retry:?}");
+                assert_effects(&h, 1, "the key's one effect");
+            }
+            StoreFault::AfterCommit => {
+                assert_eq!(retry.status, Status::Unknown, "{retry:?}");
+                assert_effects(&h, 0, "a committed marked claim is never sent blindly");
+            }
+        }
+    }
+}
+
 struct OneTool(Arc<Contract>, Arc<FakeDownstream>);
 
 impl Tools for OneTool {
@@ -331,7 +403,7 @@ impl Tools for OneTool {
 }
 
 pub async fn crash_after_claim_recovered_by_recoverer(store: Arc<dyn Store>) {
-    let spec = Spec::key_based().dedup(false);
+    let spec = Spec::key_based();
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
     for step in ["r1", "r2", "r3"] {
@@ -871,8 +943,8 @@ pub async fn store_down_before_claim_leaves_nothing(store: Arc<dyn Store>) {
 /// The write that records the receipt where the downstream deduplicates: the claim, then the
 /// completion (which carries the `sent` trace entry).
 const COMPLETION_WRITE: u64 = 2;
-/// The same where the dispatch marker is written between the claim and the completion.
-const COMPLETION_WRITE_WITH_MARKER: u64 = 3;
+/// The same where the dispatch marker is written with the claim: still the second.
+const COMPLETION_WRITE_WITH_MARKER: u64 = 2;
 
 pub async fn store_error_after_completion_commit_replays(store: Arc<dyn Store>) {
     let spec = Spec::key_based();
@@ -1390,12 +1462,12 @@ pub async fn not_applied_with_a_revoked_actor_is_never_sent(store: Arc<dyn Store
 
 /// The recoverer rechecks the recorded actor before it sends an abandoned claim.
 pub async fn recovery_rechecks_the_recorded_actor(store: Arc<dyn Store>) {
-    // Without deduplication: nothing was sent (the marker says so), so a denied recheck
-    // releases the claim. With deduplication: it may have been sent, so a denied recheck
-    // cannot resend and ends unknown.
+    // Without deduplication and without the marker (a claim under a duplicate-intent window is
+    // marked after it): nothing was sent, so a denied recheck releases the claim. With
+    // deduplication: it may have been sent, so a denied recheck cannot resend and ends unknown.
     for (spec, ends) in [
         (
-            Spec::key_based().dedup(false).lookup(false),
+            Spec::key_based().dedup(false).lookup(false).window("10m"),
             RecordStatus::Pending,
         ),
         (Spec::key_based().lookup(false), RecordStatus::Unknown),
@@ -1768,10 +1840,10 @@ pub async fn resend_sends_and_keeps_the_claimed_request(store: Arc<dyn Store>) {
 /// Records that make no progress (their tool is no longer loaded) never keep the recoverer
 /// from the others.
 pub async fn stuck_records_do_not_block_the_recoverer(store: Arc<dyn Store>) {
-    let spec = Spec::key_based().dedup(false);
+    let spec = Spec::key_based();
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
-    let other = Spec::key_based().dedup(false).version("2026-01-01");
+    let other = Spec::key_based().version("2026-01-01");
     let gone = Arc::new(
         Contract::load(
             &other

@@ -278,18 +278,6 @@ pub trait Store: Send + Sync + 'static {
     /// insert in the same transaction, and only if it inserted.
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>>;
 
-    /// [`Store::claim`] for a claim whose caller writes the dispatch marker durably before
-    /// anything is sent: the store may answer once the claim is committed (atomic and visible
-    /// to every other writer) but before it is durable, and let it reach the disk with the
-    /// marker's commit. Losing it to a machine crash before then loses a claim nothing was done
-    /// under, which reads as no claim at all; a process crash loses nothing. A store that
-    /// cannot separate the two makes every claim durable (this is then `claim`).
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>>;
-
     /// Whether [`Store::claim`] may stand in for the read before it: a claim that meets an
     /// existing record writes nothing (no row, no trace entry, nothing to commit) and answers
     /// it in the one round trip a [`Store::get`] would take. The executor then claims a new
@@ -401,13 +389,6 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
         (**self).claim(record, events)
-    }
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        (**self).claim_before_marker(record, events)
     }
     fn claim_replaces_read(&self) -> bool {
         (**self).claim_replaces_read()

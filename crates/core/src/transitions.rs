@@ -155,6 +155,26 @@ fn same_attempt(
     }
 }
 
+/// A new record of a tool that writes the dispatch marker, claimed with the marker in it: the
+/// claim and the note that dispatch is starting are one durable write, made just before the
+/// first byte leaves, as the marker alone was. A crash before that write leaves no record (a
+/// later delivery runs it); after it, the record is maybe sent, as after the marker. What goes
+/// is only the state in between, claimed and not yet marked, which no fresh claim needs: nothing
+/// that could stop the send happens between the two writes.
+pub fn claimed_as_sent(
+    mut record: Record,
+    mut events: Vec<Event>,
+    contract: &Contract,
+    at: At<'_>,
+) -> (Record, Vec<Event>) {
+    record.state = RecordState::Pending {
+        lease: at.lease(contract),
+        dispatch: Dispatch::Sent,
+    };
+    events.push(at.event(EventKind::Sent, record.fence));
+    (record, events)
+}
+
 /// A new attempt: the only place the fencing token grows. An owned lease must have expired by
 /// `now`, so that a renewal by a live owner that raced this step wins.
 fn new_attempt(record: &Record, next: RecordState, events: Vec<Event>, at: At<'_>) -> Transition {

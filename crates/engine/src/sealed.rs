@@ -206,17 +206,6 @@ impl<S: Store> Store for SealedStore<S> {
         })
     }
 
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        Box::pin(async move {
-            let sealed = self.sealer.seal_record(record)?;
-            self.open_claimed(self.inner.claim_before_marker(sealed, events).await?)
-        })
-    }
-
     fn claim_replaces_read(&self) -> bool {
         self.inner.claim_replaces_read()
     }

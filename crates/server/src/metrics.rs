@@ -207,18 +207,6 @@ impl Store for MeteredStore {
             answer
         })
     }
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let answer = self.inner.claim_before_marker(record, events).await;
-            metrics::histogram!(CLAIM_SECONDS).record(started.elapsed().as_secs_f64());
-            answer
-        })
-    }
     fn claim_replaces_read(&self) -> bool {
         self.inner.claim_replaces_read()
     }

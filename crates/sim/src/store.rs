@@ -317,16 +317,6 @@ impl<S: Store> Store for SimStore<S> {
         })
     }
 
-    // The simulator's crashes are process crashes, which lose no committed claim: the claim
-    // before a marker is an ordinary claim here, with the same interleavings and faults.
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        self.claim(record, events)
-    }
-
     fn claim_replaces_read(&self) -> bool {
         self.inner.claim_replaces_read()
     }

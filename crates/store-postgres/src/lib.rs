@@ -984,17 +984,6 @@ impl Store for PgStore {
         Box::pin(self.claim_record(record, events))
     }
 
-    /// Durable like every claim here: an asynchronous commit would need its own transaction
-    /// (`SET LOCAL synchronous_commit`) around the one-statement claim, a round trip more
-    /// than the flush it saves.
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, store::Error>> {
-        Box::pin(self.claim_record(record, events))
-    }
-
     /// The claim is claim-or-load in one statement (`sql::CLAIM`, `sql::CLAIM_BATCH`): on an
     /// existing key `ON CONFLICT DO NOTHING` inserts no row, the trace's insert joins only
     /// inserted rows, and the statement reads the existing row instead — no tuple written, no

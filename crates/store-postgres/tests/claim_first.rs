@@ -56,14 +56,6 @@ impl Store for Counted {
         self.claims.fetch_add(1, Ordering::SeqCst);
         self.inner.claim(record, events)
     }
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim_before_marker(record, events)
-    }
     fn claim_replaces_read(&self) -> bool {
         self.inner.claim_replaces_read()
     }

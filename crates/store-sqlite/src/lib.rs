@@ -199,8 +199,7 @@ impl SqliteStore {
         let log = Arc::new(Log::default());
         let checkpointer = Checkpointer::spawn(&mut conn, copier, Arc::clone(&log))?;
 
-        let full = options.synchronous == Synchronous::Full;
-        let writer = Writer::spawn(conn, options.max_batch, log, full)?;
+        let writer = Writer::spawn(conn, options.max_batch, log)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Readers::new(conns),
@@ -344,22 +343,13 @@ fn prefix(file: &str, e: Error) -> Error {
 }
 
 impl SqliteStore {
-    async fn claim_as(
-        &self,
-        durable: bool,
-        record: Record,
-        events: Vec<Event>,
-    ) -> Result<Claimed, Error> {
+    async fn claim_record(&self, record: Record, events: Vec<Event>) -> Result<Claimed, Error> {
         // Shared with the command rather than cloned by it: the writer drops its share before
         // answering, so an inserted record comes back here without a copy.
         let claim = Arc::new(write::Claim::new(record, &events));
         let work = Arc::clone(&claim);
         let run = move |tx: &mut writer::Tx<'_>| write::claim(tx, &work);
-        let existing = if durable {
-            self.inner.writer.submit(run).await?
-        } else {
-            self.inner.writer.submit_unsynced(run).await?
-        };
+        let existing = self.inner.writer.submit(run).await?;
         Ok(match existing {
             Some(existing) => Claimed::Existing(read::record(existing)?),
             None => Claimed::Inserted(
@@ -393,18 +383,7 @@ impl Store for SqliteStore {
     }
 
     fn claim(&self, record: Record, events: Vec<Event>) -> BoxFuture<'_, Result<Claimed, Error>> {
-        Box::pin(self.claim_as(true, record, events))
-    }
-
-    // A claim before its dispatch marker commits without an fsync of its own where nothing
-    // durable shares its transaction: the marker's commit syncs the log with it in it, before
-    // anything is sent (`writer::SyncLevel`). One fsync fewer per new key.
-    fn claim_before_marker(
-        &self,
-        record: Record,
-        events: Vec<Event>,
-    ) -> BoxFuture<'_, Result<Claimed, Error>> {
-        Box::pin(self.claim_as(false, record, events))
+        Box::pin(self.claim_record(record, events))
     }
 
     // Every claim goes through the one writer thread: claiming a replay's key there, instead

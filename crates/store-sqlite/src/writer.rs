@@ -31,7 +31,7 @@
 //! twice: it holds its inputs and only reads them.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -63,15 +63,11 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Checkpoints the writer ran between batches so that the log could start over.
     pub rewinds: u64,
-    /// Of `commits`, those committed without an fsync of their own under `synchronous=FULL`:
-    /// every command in them was a claim before its dispatch marker (`Writer::submit_unsynced`).
-    pub unsynced_commits: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     commits: AtomicU64,
-    unsynced_commits: AtomicU64,
     commands: AtomicU64,
     longest_hold_nanos: AtomicU64,
     longest_work_nanos: AtomicU64,
@@ -81,7 +77,6 @@ impl Counters {
     fn snapshot(&self) -> Stats {
         Stats {
             commits: self.commits.load(Ordering::Relaxed),
-            unsynced_commits: self.unsynced_commits.load(Ordering::Relaxed),
             commands: self.commands.load(Ordering::Relaxed),
             longest_hold: Duration::from_nanos(self.longest_hold_nanos.load(Ordering::Relaxed)),
             longest_work: Duration::from_nanos(self.longest_work_nanos.load(Ordering::Relaxed)),
@@ -98,8 +93,6 @@ trait Command: Send {
     fn execute(&mut self, tx: &mut Tx<'_>) -> bool;
     /// Answers the caller: the work's own result when the batch committed, else `failure`.
     fn answer(self: Box<Self>, failure: Option<&Error>);
-    /// Whether the caller must not hear back before the write is on the disk.
-    fn durable(&self) -> bool;
     /// Whether the caller is an event loop (`store::never_wait_on_this_thread`), whose other
     /// callers' writes come one poll apart rather than microseconds apart.
     fn by_event_loop(&self) -> bool;
@@ -109,7 +102,6 @@ struct Queued<T, W> {
     work: W,
     result: Option<Result<T, Error>>,
     reply: oneshot::Sender<Result<T, Error>>,
-    durable: bool,
     by_event_loop: bool,
 }
 
@@ -133,7 +125,6 @@ where
             work,
             result,
             reply,
-            durable: _,
             by_event_loop: _,
         } = *self;
         // The work goes before the caller hears back, so that what it shares with the caller
@@ -148,10 +139,6 @@ where
         };
         // The caller may have stopped waiting (its future was dropped); the write stands.
         let _ = reply.send(answer);
-    }
-
-    fn durable(&self) -> bool {
-        self.durable
     }
 
     fn by_event_loop(&self) -> bool {
@@ -214,52 +201,8 @@ struct Shared {
     /// The write-ahead log's length and what the checkpoints copied of it: the writer rewinds
     /// the log between batches when it is due (`checkpoint`).
     log: Arc<Log>,
-    /// The connection's `synchronous` setting and, under `FULL`, whether it is lowered now.
-    sync: SyncLevel,
     /// The longest a batch waits for the rest of a wave ([`LINGER`]).
     linger: Duration,
-}
-
-/// Under `synchronous=FULL`, a transaction that holds only a write nobody waits to be durable
-/// (a claim before its dispatch marker) commits at `NORMAL`: into the write-ahead log without
-/// an fsync. The next durable commit syncs the log up to its own end, so that write reaches the
-/// disk with it, in log order (a machine crash before then loses it with everything after).
-/// SQLite refuses to change the setting inside a transaction, so it is chosen before `BEGIN`, by
-/// the transaction's first command: a lone caller's own transaction holds only that one; a batch
-/// of the writer thread begun for such a write takes only such writes, and a durable command
-/// arriving meanwhile ends it and begins the next (concurrent callers come in waves — all claim,
-/// all mark, all record — so a wave of claims is rarely cut).
-struct SyncLevel {
-    /// The store was opened with `synchronous=FULL`; otherwise nothing is ever changed.
-    full: bool,
-    /// The connection is at `NORMAL` now (only ever true when `full`). Read and written under
-    /// the connection's mutex.
-    lowered: AtomicBool,
-}
-
-impl SyncLevel {
-    /// Puts the connection, outside any transaction, at the level the next one needs. Failing
-    /// to lower it is harmless (the commit is then durable); failing to raise it again is an
-    /// error, and the transaction must not commit.
-    fn prepare(&self, conn: &Connection, durable: bool) -> Result<(), Error> {
-        let lower = self.full && !durable;
-        if self.lowered.load(Ordering::Relaxed) == lower {
-            return Ok(());
-        }
-        let pragma = if lower {
-            "PRAGMA synchronous=NORMAL"
-        } else {
-            "PRAGMA synchronous=FULL"
-        };
-        match run_cached(conn, pragma) {
-            Ok(()) => {
-                self.lowered.store(lower, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(_) if lower => Ok(()),
-            Err(e) => Err(classify("setting synchronous back to FULL", &e)),
-        }
-    }
 }
 
 impl Writer {
@@ -267,16 +210,14 @@ impl Writer {
         conn: Connection,
         max_batch: usize,
         log: Arc<Log>,
-        full: bool,
     ) -> Result<Writer, Error> {
-        Writer::spawn_lingering(conn, max_batch, log, full, LINGER)
+        Writer::spawn_lingering(conn, max_batch, log, LINGER)
     }
 
     fn spawn_lingering(
         conn: Connection,
         max_batch: usize,
         log: Arc<Log>,
-        full: bool,
         linger: Duration,
     ) -> Result<Writer, Error> {
         let shared = Arc::new(Shared {
@@ -286,10 +227,6 @@ impl Writer {
             counters: Counters::default(),
             max_batch: max_batch.max(1),
             log,
-            sync: SyncLevel {
-                full,
-                lowered: AtomicBool::new(false),
-            },
             linger,
         });
         let (queue, commands) = mpsc::channel();
@@ -312,32 +249,11 @@ impl Writer {
         T: Send + 'static,
         W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
     {
-        self.submit_as(true, work).await
-    }
-
-    /// [`Writer::submit`] for a write whose caller does not wait for it to be durable (a claim
-    /// before its dispatch marker, `Store::claim_before_marker`): answered once committed,
-    /// which under `synchronous=FULL` is before its fsync when the caller commits it alone
-    /// (see [`SyncLevel`]); in the writer thread's batches it is as durable as the rest.
-    pub(crate) async fn submit_unsynced<T, W>(&self, work: W) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
-    {
-        self.submit_as(false, work).await
-    }
-
-    async fn submit_as<T, W>(&self, durable: bool, work: W) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        W: Fn(&mut Tx<'_>) -> Result<T, Error> + Send + 'static,
-    {
         let (reply, mut answer) = oneshot::channel();
         let command = Box::new(Queued {
             work,
             result: None,
             reply,
-            durable,
             by_event_loop: !idemgate_core::store::may_wait_on_this_thread(),
         });
         let queue = self
@@ -359,9 +275,7 @@ impl Writer {
                 if self.shared.log.overdue() {
                     checkpoint::rewind(&self.shared.log, &conn);
                 }
-                let level = self.shared.sync.prepare(&conn, durable);
                 let mut batch = Open::begin(&conn, 1);
-                batch.fail_on(level);
                 batch.add(command);
                 batch.finish(&self.shared)
             });
@@ -452,22 +366,14 @@ impl Drop for Writer {
 
 fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
     let max_batch = shared.max_batch;
-    // A durable command taken while a batch of writes that need no fsync was open: it begins
-    // the next batch (it is still counted in `queued`).
-    let mut carried: Option<Box<dyn Command>> = None;
     // Blocks until someone writes; ends when every handle has been dropped.
-    while let Some(first) = carried.take().or_else(|| commands.recv().ok()) {
+    while let Ok(first) = commands.recv() {
         let deadline = Instant::now() + shared.linger;
         let conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
         // How many commands the previous batch held: the size of the wave of concurrent
         // callers.
         let wave = shared.wave.load(Ordering::Relaxed);
-        // A batch begun for a write that needs no fsync commits without one, so it must hold
-        // no other kind (see `SyncLevel`); a durable batch may carry any write.
-        let durable = first.durable() || !shared.sync.full;
-        let level = shared.sync.prepare(&conn, durable);
         let mut batch = Open::begin(&conn, max_batch);
-        batch.fail_on(level);
         // Whether the rest of a wave is worth waiting for: not when every write so far came
         // from an event loop. Its callers' writes come one after another as the loop runs each
         // caller's JavaScript; the writer waiting for the last of them would only idle while the
@@ -475,15 +381,10 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
         // as they come, the loop's next writes gather during this commit's fsync instead.
         let mut patient = !first.by_event_loop();
         batch.add(first);
-        let fits = |command: &dyn Command| durable || !command.durable();
         // Each command runs as soon as it is taken, so the writer works while the rest of the
         // batch is still arriving rather than waiting for it and then working.
         while batch.len() < max_batch && !batch.is_broken() {
             match commands.try_recv() {
-                Ok(command) if !fits(command.as_ref()) => {
-                    carried = Some(command);
-                    break;
-                }
                 Ok(command) => {
                     patient |= !command.by_event_loop();
                     batch.add(command);
@@ -502,10 +403,6 @@ fn run(shared: &Shared, commands: mpsc::Receiver<Box<dyn Command>>) {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match commands.recv_timeout(left) {
-                Ok(command) if !fits(command.as_ref()) => {
-                    carried = Some(command);
-                    break;
-                }
                 Ok(command) => {
                     patient |= !command.by_event_loop();
                     batch.add(command);
@@ -568,14 +465,6 @@ impl<'c> Open<'c> {
         self.commands.len()
     }
 
-    /// Breaks the transaction before its first command when the connection could not be put at
-    /// the durability it needs: nothing in it runs or commits.
-    fn fail_on(&mut self, level: Result<(), Error>) {
-        if let (None, Err(e)) = (&self.broken, level) {
-            self.broken = Some(e);
-        }
-    }
-
     fn is_broken(&self) -> bool {
         self.broken.is_some()
     }
@@ -625,12 +514,6 @@ impl<'c> Open<'c> {
     fn finish(mut self, shared: &Shared) -> Finished {
         let counters = &shared.counters;
         let conn = self.tx.conn;
-        debug_assert!(
-            self.broken.is_some()
-                || !shared.sync.lowered.load(Ordering::Relaxed)
-                || self.commands.iter().all(|c| !c.durable()),
-            "a durable write in a transaction that commits without an fsync"
-        );
         let worked = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counters
             .longest_work_nanos
@@ -647,9 +530,6 @@ impl<'c> Open<'c> {
             match run_cached(conn, "COMMIT") {
                 Ok(()) => {
                     counters.commits.fetch_add(1, Ordering::Relaxed);
-                    if shared.sync.lowered.load(Ordering::Relaxed) {
-                        counters.unsynced_commits.fetch_add(1, Ordering::Relaxed);
-                    }
                     counters
                         .commands
                         .fetch_add(self.commands.len() as u64, Ordering::Relaxed);
@@ -746,7 +626,7 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.sqlite")).expect("a database");
         conn.execute_batch("CREATE TABLE t (name TEXT PRIMARY KEY)")
             .expect("a table");
-        Writer::spawn(conn, 64, Arc::default(), false).expect("a writer")
+        Writer::spawn(conn, 64, Arc::default()).expect("a writer")
     }
 
     fn names(dir: &tempfile::TempDir) -> Vec<String> {
@@ -918,7 +798,6 @@ mod tests {
             },
             64,
             Arc::default(),
-            false,
             linger,
         )
         .expect("a writer");

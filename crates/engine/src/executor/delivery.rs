@@ -365,6 +365,16 @@ impl Executor {
             &hold,
             at,
         );
+        // A claim sent at once by a tool that writes the dispatch marker carries the marker:
+        // claimed and marked in one durable write rather than two in turn (the second was
+        // written straight after the first, with nothing between them that could stop the send).
+        // A claim whose write fails is answered as any store failure: nothing was sent. Should
+        // the write have committed all the same, its record says maybe sent and ends `unknown`
+        // rather than released: this delivery cannot tell its own claim from an identical one
+        // made by another caller of the same key in the same millisecond, which may have sent.
+        let marked = contract.duplicate_intent_window().is_none()
+            && matches!(hold, Hold::No)
+            && contract.uses_dispatch_marker();
         // The store's unique key decides: inserted, or somebody else's record comes back. With
         // a duplicate-intent window, the window's check is part of the same atomic claim.
         let claimed = match contract.duplicate_intent_window() {
@@ -374,13 +384,10 @@ impl Executor {
                     .instrument(tracing::debug_span!("claim"))
                     .await
             }
-            // A claim sent at once is followed by its durable dispatch marker before any byte
-            // leaves (`perform`): it need not be durable itself, since losing it to a machine
-            // crash before the marker loses nothing done under it. A claim held for approval
-            // is answered as it stands, so it is made durable.
-            None if matches!(hold, Hold::No) && contract.uses_dispatch_marker() => {
+            None if marked => {
+                let (record, events) = transitions::claimed_as_sent(record, events, contract, at);
                 self.store
-                    .claim_before_marker(record, events)
+                    .claim(record, events)
                     .instrument(tracing::debug_span!("claim"))
                     .await
             }
@@ -412,7 +419,12 @@ impl Executor {
             }
             Ok(Claimed::Inserted(record)) => match hold {
                 Hold::No => {
-                    self.perform(contract, Claim::new(record), proof, effect, Prior::Clean)
+                    let claim = if marked {
+                        Claim::marked(record)
+                    } else {
+                        Claim::new(record)
+                    };
+                    self.perform(contract, claim, proof, effect, Prior::Clean)
                         .await
                 }
                 Hold::ForApproval | Hold::ForDuplicateIntent(_) => Outcome::in_flight(

@@ -44,15 +44,31 @@ pub(crate) fn backoff(contract: &Contract, attempt: u64, retry_after: Option<u64
 }
 
 /// A pending record owned by this worker at its current attempt.
-pub(crate) struct Claim(Option<Record>);
+pub(crate) struct Claim {
+    record: Option<Record>,
+    /// The record was claimed with its dispatch marker in it (`transitions::claimed_as_sent`):
+    /// its `sent` trace entry is written, and no marker is to be written before the send.
+    marked: bool,
+}
 
 impl Claim {
     pub(crate) fn new(record: Record) -> Claim {
-        Claim(Some(record))
+        Claim {
+            record: Some(record),
+            marked: false,
+        }
+    }
+
+    /// A new record claimed with its dispatch marker.
+    pub(crate) fn marked(record: Record) -> Claim {
+        Claim {
+            record: Some(record),
+            marked: true,
+        }
     }
 
     pub(crate) fn record(&self) -> &Record {
-        self.0
+        self.record
             .as_ref()
             .expect("a claim holds its record until it is finished")
     }
@@ -63,12 +79,12 @@ impl Claim {
 
     /// The record as written by this worker's last step (a renewal, the dispatch marker).
     fn replace(&mut self, record: Record) {
-        self.0 = Some(record);
+        self.record = Some(record);
     }
 
     /// Finishes the claim, handing back the record to build its last transition from.
     pub(crate) fn finish(mut self) -> Record {
-        self.0.take().expect("a claim is finished once")
+        self.record.take().expect("a claim is finished once")
     }
 }
 
@@ -77,7 +93,7 @@ impl Drop for Claim {
         // A claim dropped unfinished: the worker's future was cancelled or the process is going
         // down. Nothing can be written from here; the lease expires and the recoverer takes it,
         // by receipt or marker, never blindly.
-        if let Some(record) = &self.0 {
+        if let Some(record) = &self.record {
             tracing::debug!(
                 operation_key = record.key.as_str(),
                 attempt = record.fence,
@@ -109,7 +125,9 @@ impl Executor {
         // Without the marker, the `sent` trace entry rides on the transition that records the
         // answer: one durable write fewer per operation, and the trace reads the same.
         let mut sent = None;
-        if unsent && contract.uses_dispatch_marker() {
+        if claim.marked {
+            // Claimed with the marker in it: durable before anything below is sent.
+        } else if unsent && contract.uses_dispatch_marker() {
             // The dispatch marker: durable before the first byte leaves, so that recovery can
             // tell "never sent" (take over and execute) from "maybe sent" (receipt or unknown).
             let t = transitions::mark_sent(claim.record(), contract, self.at());
