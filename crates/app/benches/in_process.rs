@@ -11,6 +11,8 @@
 //!     --calls 4000 --replays 20000 --seconds 10 --threads 1,8
 //! ```
 //!
+//! `--store` also takes a URL: `postgres://…` runs the same calls on PostgreSQL.
+//!
 //! Prints one CSV line per phase (`phase,ops,secs,ops_per_s`): `unique/T` delivers a new
 //! operation key per call (claim, effect, record), `replay/T` delivers the keys it made again,
 //! round and round to `--replays` calls (answered from the record). Every answer is checked (applied, then replayed) and every
@@ -98,7 +100,7 @@ fn args() -> Args {
             _ => {}
         }
     }
-    assert!(!a.store.is_empty(), "--store PATH is required");
+    assert!(!a.store.is_empty(), "--store PATH (or URL) is required");
     a
 }
 
@@ -159,11 +161,14 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // A path is a SQLite file; a URL (`postgres://…`) is opened as it is.
+    let url = if a.store.contains("://") {
+        a.store.clone()
+    } else {
+        format!("sqlite://{}", a.store)
+    };
     let store = runtime
-        .block_on(idemgate_app::open_gateway_store(
-            &format!("sqlite://{}", a.store),
-            None,
-        ))
+        .block_on(idemgate_app::open_gateway_store(&url, None))
         .expect("open the store");
     let app = Assembly::new(store, ToolSet::default(), "development").build();
     let noop = Arc::new(Noop(AtomicU64::new(0)));
