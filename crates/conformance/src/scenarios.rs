@@ -940,11 +940,10 @@ pub async fn store_down_before_claim_leaves_nothing(store: Arc<dyn Store>) {
     assert_effects(&h, 1, "after the outage");
 }
 
-/// The write that records the receipt where the downstream deduplicates: the claim, then the
-/// completion (which carries the `sent` trace entry).
+/// The write that records the receipt: the claim, then the completion. (Where the downstream
+/// deduplicates, the completion carries the `sent` trace entry; where it does not, the claim
+/// carries the dispatch marker.)
 const COMPLETION_WRITE: u64 = 2;
-/// The same where the dispatch marker is written with the claim: still the second.
-const COMPLETION_WRITE_WITH_MARKER: u64 = 2;
 
 pub async fn store_error_after_completion_commit_replays(store: Arc<dyn Store>) {
     let spec = Spec::key_based();
@@ -968,8 +967,7 @@ pub async fn store_error_before_completion_recovers_receipt(store: Arc<dyn Store
     let spec = Spec::key_based().dedup(false);
     let h = Harness::for_spec(store, &spec);
     let c = spec.contract();
-    h.store
-        .fail_write(COMPLETION_WRITE_WITH_MARKER, StoreFault::Before);
+    h.store.fail_write(COMPLETION_WRITE, StoreFault::Before);
     let o = h.deliver(&c, "s1", &ticket("Refund")).await;
     assert_eq!(o.status, Status::Unknown, "{o:?}");
     assert_eq!(status_of(&h, "s1").await, RecordStatus::Pending);

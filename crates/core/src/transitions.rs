@@ -164,13 +164,15 @@ fn same_attempt(
 pub fn claimed_as_sent(
     mut record: Record,
     mut events: Vec<Event>,
-    contract: &Contract,
     at: At<'_>,
 ) -> (Record, Vec<Event>) {
-    record.state = RecordState::Pending {
-        lease: at.lease(contract),
-        dispatch: Dispatch::Sent,
-    };
+    debug_assert!(
+        matches!(record.state, RecordState::Pending { .. }),
+        "only a claim sent at once is claimed as sent"
+    );
+    if let RecordState::Pending { dispatch, .. } = &mut record.state {
+        *dispatch = Dispatch::Sent;
+    }
     events.push(at.event(EventKind::Sent, record.fence));
     (record, events)
 }

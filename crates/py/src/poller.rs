@@ -1,10 +1,11 @@
 //! Synchronous callers' engine futures, polled on one thread of the extension's while several
 //! callers wait at once.
 //!
-//! A synchronous call polled on its caller's own thread is woken four times on the way for a
-//! new key of a key-based tool — its claim committed, its dispatch marker committed, its
-//! function's answer from a runner, its record committed — each the wake-up of a sleeping
-//! thread, and with eight callers on two processors each wake-up also waits its turn for one.
+//! A synchronous call polled on its caller's own thread is woken three times on the way for a
+//! new key of a key-based tool — its claim committed (with its dispatch marker, where the tool
+//! writes one), its function's answer from a runner, its record committed — each the wake-up
+//! of a sleeping thread, and with eight callers on two processors each wake-up also waits its
+//! turn for one.
 //! While other callers wait too, a call's future is polled here instead, after its first poll
 //! on the caller's thread: a commit answering eight callers wakes this one thread, which takes
 //! each of their next steps in one go, and the caller's thread is woken once, with its answer.

@@ -385,7 +385,7 @@ impl Executor {
                     .await
             }
             None if marked => {
-                let (record, events) = transitions::claimed_as_sent(record, events, contract, at);
+                let (record, events) = transitions::claimed_as_sent(record, events, at);
                 self.store
                     .claim(record, events)
                     .instrument(tracing::debug_span!("claim"))

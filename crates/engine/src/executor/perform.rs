@@ -124,10 +124,10 @@ impl Executor {
         );
         // Without the marker, the `sent` trace entry rides on the transition that records the
         // answer: one durable write fewer per operation, and the trace reads the same.
+        // A claim made with the marker in it is not `unsent`: its marker and `sent` entry are
+        // written.
         let mut sent = None;
-        if claim.marked {
-            // Claimed with the marker in it: durable before anything below is sent.
-        } else if unsent && contract.uses_dispatch_marker() {
+        if unsent && contract.uses_dispatch_marker() {
             // The dispatch marker: durable before the first byte leaves, so that recovery can
             // tell "never sent" (take over and execute) from "maybe sent" (receipt or unknown).
             let t = transitions::mark_sent(claim.record(), contract, self.at());
@@ -153,7 +153,7 @@ impl Executor {
                         .await;
                 }
             }
-        } else {
+        } else if !claim.marked {
             sent = Some(self.at().event(EventKind::Sent, claim.record().fence));
         }
 
