@@ -316,10 +316,10 @@ def test_arguments_that_are_not_json_are_refused_naming_the_argument_and_nothing
 
     secret = object()
     with idemgate.workflow("run-10"), idemgate.step("place"):
-        with pytest.raises(TypeError, match=r"`note` is a object, which is not JSON") as e:
+        with pytest.raises(TypeError, match=r"`note` is of type object, which is not JSON") as e:
             place(items=[], note=secret)
         assert repr(secret) not in str(e.value)
-        with pytest.raises(TypeError, match=r"`items\[1\]\.sku` is a set"):
+        with pytest.raises(TypeError, match=r"`items\[1\]\.sku` is of type set"):
             place(items=[{"sku": "a"}, {"sku": {1, 2}}])
         with pytest.raises(TypeError, match=r"`items\[0\]` is an integer beyond ±2\^53"):
             place(items=[2**60])
@@ -356,7 +356,7 @@ def test_a_result_that_is_neither_a_receipt_nor_json_is_unknown_and_the_effect_i
     assert len(ledger.calls) == 1
     operation = local.operation(key_of(local, "run-12", "insert"))
     evidence = " ".join(e.detail or "" for e in operation.events)
-    assert "neither a Receipt nor JSON" in evidence and "`result.ids` is a set" in evidence
+    assert "neither a Receipt nor JSON" in evidence and "`result.ids` is of type set" in evidence
 
 
 def test_a_plain_json_result_is_kept_with_the_operation_key_as_its_reference(

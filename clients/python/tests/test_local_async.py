@@ -167,7 +167,7 @@ def test_async_tools_follow_the_same_rules(tmp_path: Path, ledger: Ledger) -> No
             assert isinstance(late, idemgate.Unknown) and isinstance(again, idemgate.Unknown)
             with pytest.raises(idemgate.MissingIdentityError, match="rows.insert"):
                 await insert.invoke({"n": 1})
-            with pytest.raises(TypeError, match="`n` is a bytes"):
+            with pytest.raises(TypeError, match="`n` is of type bytes"):
                 await insert.invoke({"n": b"x"}, workflow_id="run-5", step_id="d")
 
     asyncio.run(main())

@@ -109,7 +109,7 @@ fn convert(value: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<
         return Err(refuse(
             path,
             format!(
-                "is a {}, which is not JSON (use None, bool, int, float, str, list, tuple or dict)",
+                "is of type {}, which is not JSON (use None, bool, int, float, str, list, tuple or dict)",
                 type_name(value)
             ),
         ));

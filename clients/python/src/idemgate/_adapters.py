@@ -58,7 +58,7 @@ def source(
     if not isinstance(target, (Client, AsyncClient)):
         raise TypeError(
             "an adapted tool is built from a function guarded with @local.tool, or from an "
-            f"idemgate.Client / AsyncClient and a tool's name, not a {type(target).__name__}"
+            f"idemgate.Client / AsyncClient and a tool's name, not a value of type {type(target).__name__}"
         )
     if not isinstance(tool_name, str) or not tool_name:
         raise TypeError("tool_name: give the gateway tool's name, such as 'tickets.create'")

@@ -141,7 +141,7 @@ def _found(tool: str, value: Any) -> tuple[Any, ...]:
         if parts is not None:
             return ("found", parts[0], parts[1])
         return ("unavailable", "the lookup returned a Receipt without a reference")
-    return ("unavailable", f"the lookup returned a {type(value).__name__}, neither a Receipt nor None")
+    return ("unavailable", f"the lookup returned a value of type {type(value).__name__}, neither a Receipt nor None")
 
 
 def _lookup_adapter(tool: str, function: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
@@ -176,7 +176,7 @@ def _polled(tool: str, value: Any) -> tuple[Any, ...]:
         if parts is not None:
             return ("done", parts[0], parts[1])
         return ("unavailable", "the job poller returned a Receipt without a reference")
-    return ("unavailable", f"the job poller returned a {type(value).__name__}, neither a Receipt nor None")
+    return ("unavailable", f"the job poller returned a value of type {type(value).__name__}, neither a Receipt nor None")
 
 
 def _poll_raised(tool: str, error: BaseException) -> tuple[Any, ...]:
@@ -218,7 +218,7 @@ def _decided(tool: str, value: Any) -> tuple[Any, ...]:
         return ("denied", f"the authorize hook of {tool} denied it")
     if isinstance(value, str):
         return ("denied", value)
-    return ("unavailable", f"the authorize hook answered a {type(value).__name__}, not a bool or str")
+    return ("unavailable", f"the authorize hook answered a value of type {type(value).__name__}, not a bool or str")
 
 
 def _authorize_adapter(tool: str, function: Callable[..., Any], is_async: bool) -> Callable[..., Any]:

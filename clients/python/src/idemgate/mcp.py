@@ -107,10 +107,10 @@ def add_tool(
     once) waits for it to settle.
     """
     if not isinstance(tool, LocalTool):
-        raise TypeError(f"tool: give a function guarded with @local.tool, not a {type(tool).__name__}")
+        raise TypeError(f"tool: give a function guarded with @local.tool, not a value of type {type(tool).__name__}")
     add = getattr(server, "add_tool", None)
     if not callable(add):
-        raise TypeError(f"server: give an MCPServer (or FastMCP), not a {type(server).__name__}")
+        raise TypeError(f"server: give an MCPServer (or FastMCP), not a value of type {type(server).__name__}")
     local = tool.local
     assert isinstance(local, (Local, AsyncLocal))
     info = local_info(tool)
