@@ -64,6 +64,17 @@ mod writer;
 
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub use schema::SCHEMA_VERSION;
+
+/// Brings the database of `conn` to schema version `version` and no further, by this crate's
+/// own migrations: for tests of an upgrade from an older schema, such as another crate's test
+/// that kills `idemgate migrate` halfway. A store never opens a file this way.
+#[doc(hidden)]
+pub fn migrate_to_version_for_tests(
+    conn: &rusqlite::Connection,
+    version: i64,
+) -> Result<(), Error> {
+    schema::migrate_to(conn, version)
+}
 pub use write::SWEEPER;
 pub use writer::Stats;
 
@@ -165,6 +176,13 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "synchronous", options.synchronous.pragma())
             .context(what)?;
+        // Temporary files on disk while the schema is brought up to date: a migration that
+        // rebuilds a table (0010) sorts each of its indexes, and this build keeps temporary
+        // files in memory by default (`SQLITE_TEMP_STORE=2`), which would hold a large store's
+        // index sorts in memory.
+        conn.pragma_update(None, "temp_store", "FILE")
+            .context(what)?;
+        schema::migrate(&conn).map_err(|e| prefix(&shown, e))?;
         // The statement journals a write transaction keeps (a statement that may stop half way
         // must be undone alone) and the savepoints of a redone batch go to temporary files by
         // default: a write system call per journalled page, some 40 µs of system time per
@@ -172,7 +190,6 @@ impl SqliteStore {
         // most the pages one batch touches.
         conn.pragma_update(None, "temp_store", "MEMORY")
             .context(what)?;
-        schema::migrate(&conn).map_err(|e| prefix(&shown, e))?;
         // Gathers the planner's statistics where they are missing or stale (bounded work, as
         // SQLite recommends at open for long-lived connections), so that listings choose
         // between the primary key and the listing indexes by the data actually stored.
@@ -717,7 +734,9 @@ mod tests {
             let index = match (status, &environment) {
                 (RecordStatus::Pending, None) => "USING INDEX operations_due",
                 (RecordStatus::Pending, Some(_)) => "USING INDEX operations_due (environment=?)",
-                (RecordStatus::Applied, _) => "USING PRIMARY KEY (tenant=? AND key>?)",
+                (RecordStatus::Applied, _) => {
+                    "USING INDEX sqlite_autoindex_operations_1 (tenant=? AND key>?)"
+                }
                 (
                     RecordStatus::AwaitingApproval
                     | RecordStatus::FailedPermanent

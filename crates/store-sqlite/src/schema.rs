@@ -46,6 +46,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0009_webhooks_bound_to_tools",
         include_str!("../migrations/0009_webhooks_bound_to_tools.sql"),
     ),
+    (
+        "0010_operations_by_rowid",
+        include_str!("../migrations/0010_operations_by_rowid.sql"),
+    ),
 ];
 
 /// The schema version this code writes and understands.
@@ -70,9 +74,15 @@ fn refuse_newer(found: i64) -> Result<(), Error> {
 
 /// Brings the file to `SCHEMA_VERSION`, or refuses a newer one.
 pub(crate) fn migrate(conn: &Connection) -> Result<(), Error> {
+    migrate_to(conn, SCHEMA_VERSION)
+}
+
+/// Brings the file to `last` (at most `SCHEMA_VERSION`), or refuses a newer one than it knows.
+pub(crate) fn migrate_to(conn: &Connection, last: i64) -> Result<(), Error> {
     let found = version(conn)?;
     refuse_newer(found)?;
-    for (index, (name, sql)) in MIGRATIONS.iter().enumerate() {
+    let last = usize::try_from(last.clamp(0, SCHEMA_VERSION)).unwrap_or(0);
+    for (index, (name, sql)) in MIGRATIONS[..last].iter().enumerate() {
         let target = index as i64 + 1;
         if target <= found {
             continue;
@@ -287,5 +297,150 @@ mod tests {
             ["acme:prod:wf:pending", "acme:prod:wf:waiting"]
         );
         assert_eq!(due("staging", 5_000), ["acme:staging:wf:waiting"]);
+    }
+
+    /// Every column of every row, the virtual `environment` included, in key order.
+    fn all_rows(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut stmt = conn
+            .prepare("SELECT *, environment FROM operations ORDER BY tenant, key")
+            .expect("the query prepares");
+        let columns = stmt.column_count();
+        stmt.query_map([], |r| {
+            (0..columns)
+                .map(|i| r.get::<_, rusqlite::types::Value>(i))
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .expect("the query runs")
+        .collect::<rusqlite::Result<_>>()
+        .expect("the rows read")
+    }
+
+    /// The definitions of the operations table's own indexes, by name.
+    fn index_definitions(conn: &Connection) -> Vec<(String, String)> {
+        conn.prepare(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND tbl_name = \
+             'operations' AND sql IS NOT NULL ORDER BY name",
+        )
+        .expect("the query prepares")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("the query runs")
+        .collect::<rusqlite::Result<_>>()
+        .expect("the schema reads")
+    }
+
+    #[test]
+    fn the_operations_table_is_rebuilt_with_every_row_and_index_as_it_was() {
+        // A file as version 9 left it: records of every status, in two tenants and two
+        // environments, with and without a job, a request, a trace, a duplicate-intent window.
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for (_, sql) in &MIGRATIONS[..9] {
+            conn.execute_batch(sql).expect("an old migration applies");
+        }
+        conn.pragma_update(None, "user_version", 9)
+            .expect("the version is set");
+        let statuses = [
+            "pending",
+            "applied",
+            "awaiting_approval",
+            "failed_permanent",
+            "unknown",
+            "tombstone",
+        ];
+        let mut keys = Vec::new();
+        for (i, status) in statuses.iter().enumerate() {
+            for (tenant, environment) in [("acme", "prod"), ("acme", "staging"), ("zeta", "prod")] {
+                let key = format!("{tenant}:{environment}:wf-{i}:step");
+                let job = (i % 2 == 0).then(|| format!("job-{i}"));
+                conn.execute(
+                    "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
+                     canonicalization, status, fence, lease_owner, lease_expires_at, dispatch, \
+                     job_id, effect_reference, result, error_code, error_message, actor, \
+                     request, approved_by, created_at, updated_at, expires_at, purge_at, \
+                     intent_window, trace) VALUES (?1, ?2, 'tickets.create', '3', ?3, 1, ?4, \
+                     ?5, 'w1', ?6, CASE WHEN ?7 IS NULL THEN 'sent' ELSE 'job' END, ?7, \
+                     CASE ?4 WHEN 'failed_permanent' THEN NULL ELSE 'ref-1' END, \
+                     '{\"id\":1}', CASE ?4 WHEN 'failed_permanent' THEN 'downstream_rejected' \
+                     END, CASE ?4 WHEN 'failed_permanent' THEN 'no' END, 'agent', '{\"a\":1}', 'op', ?5, \
+                     ?6, ?8, ?9, ?10, ?11)",
+                    params![
+                        tenant,
+                        key,
+                        format!("sha256:{}", format!("{i:x}").repeat(64)),
+                        status,
+                        i as i64 + 1,
+                        1_000 + i as i64,
+                        job,
+                        90_000 + i as i64,
+                        180_000 + i as i64,
+                        (i % 2) as i64,
+                        format!("[\"claimed\",{i},1,\"w1\",null]\n"),
+                    ],
+                )
+                .expect("a version-9 row");
+                keys.push(OperationKey::parse(&key).expect("a valid key"));
+            }
+        }
+        let rows = all_rows(&conn);
+        let records: Vec<_> = keys
+            .iter()
+            .map(|k| read::get(&conn, k).expect("the record reads"))
+            .collect();
+        let indexes = index_definitions(&conn);
+        assert_eq!(indexes.len(), 8, "{indexes:?}");
+
+        migrate(&conn).expect("the file is brought up to date");
+
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("the version reads");
+        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(all_rows(&conn), rows);
+        let after: Vec<_> = keys
+            .iter()
+            .map(|k| read::get(&conn, k).expect("the record reads"))
+            .collect();
+        assert_eq!(after, records);
+        assert!(after.iter().all(Option::is_some));
+        // The same indexes, word for word but the duplicate-intent one, which now names the key
+        // its lookup is ordered by; every one of them holding what the table holds.
+        let expected: Vec<(String, String)> = indexes
+            .into_iter()
+            .map(|(name, sql)| {
+                let sql = sql.replace("fingerprint, created_at)", "fingerprint, created_at, key)");
+                (name, sql)
+            })
+            .collect();
+        assert_eq!(index_definitions(&conn), expected);
+        assert!(expected[3].1.contains("created_at, key)"), "{expected:?}");
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .expect("the check runs");
+        assert_eq!(check, "ok");
+        let without_rowid: i64 = conn
+            .query_row(
+                "SELECT wr FROM pragma_table_list WHERE name = 'operations'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("the table is listed");
+        assert_eq!(without_rowid, 0, "a rowid table now");
+        let leftovers: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name LIKE '%rebuilt%'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("the schema reads");
+        assert_eq!(leftovers, 0);
+        // The key still decides a claim: a second row under a taken key is refused.
+        let duplicate = conn.execute(
+            "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
+             canonicalization, status, fence, actor, created_at, updated_at, expires_at, \
+             purge_at) SELECT tenant, key, tool, tool_version, fingerprint, canonicalization, \
+             status, fence, actor, created_at, updated_at, expires_at, purge_at FROM \
+             operations LIMIT 1",
+            [],
+        );
+        assert!(duplicate.is_err(), "a duplicate key was inserted");
     }
 }
