@@ -64,6 +64,8 @@ mod writer;
 
 pub use read::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
 pub use schema::SCHEMA_VERSION;
+pub use write::SWEEPER;
+pub use writer::Stats;
 
 /// Brings the database of `conn` to schema version `version` and no further, by this crate's
 /// own migrations: for tests of an upgrade from an older schema, such as another crate's test
@@ -75,8 +77,6 @@ pub fn migrate_to_version_for_tests(
 ) -> Result<(), Error> {
     schema::migrate_to(conn, version)
 }
-pub use write::SWEEPER;
-pub use writer::Stats;
 
 use crate::checkpoint::{Checkpointer, Log};
 use crate::error::Context;
@@ -184,10 +184,10 @@ impl SqliteStore {
             .context(what)?;
         schema::migrate(&conn).map_err(|e| prefix(&shown, e))?;
         // The statement journals a write transaction keeps (a statement that may stop half way
-        // must be undone alone) and the savepoints of a redone batch go to temporary files by
-        // default: a write system call per journalled page, some 40 µs of system time per
-        // operation measured on the writer thread. In memory they cost a copy; they hold at
-        // most the pages one batch touches.
+        // must be undone alone) and the savepoints of a redone batch in memory, named rather
+        // than left to how SQLite was built: in files they cost a write system call per
+        // journalled page, some 40 µs of system time per operation measured on the writer
+        // thread. In memory they cost a copy; they hold at most the pages one batch touches.
         conn.pragma_update(None, "temp_store", "MEMORY")
             .context(what)?;
         // Gathers the planner's statistics where they are missing or stale (bounded work, as
