@@ -119,7 +119,7 @@ mod tests {
     use idemgate_core::store::Due;
     use rusqlite::{Connection, params};
 
-    use super::{MIGRATIONS, SCHEMA_VERSION, migrate};
+    use super::{SCHEMA_VERSION, migrate, migrate_to};
     use crate::read;
 
     #[test]
@@ -127,11 +127,7 @@ mod tests {
         // A file as version 3 left it: a record, its entries in a table of their own (appended
         // out of key order, one with a detail), and an entry whose record is gone.
         let conn = Connection::open_in_memory().expect("an in-memory database");
-        for (_, sql) in &MIGRATIONS[..3] {
-            conn.execute_batch(sql).expect("an old migration applies");
-        }
-        conn.pragma_update(None, "user_version", 3)
-            .expect("the version is set");
+        migrate_to(&conn, 3).expect("the old migrations apply");
         conn.execute(
             "INSERT INTO operations (tenant, key, tool, tool_version, fingerprint, \
              canonicalization, status, fence, actor, created_at, updated_at, expires_at, \
@@ -202,11 +198,7 @@ mod tests {
         // A file as version 4 left it: an approval that expired by compaction at `expires_at`
         // (no deadline of its own), a pending record, and records of another environment.
         let conn = Connection::open_in_memory().expect("an in-memory database");
-        for (_, sql) in &MIGRATIONS[..4] {
-            conn.execute_batch(sql).expect("an old migration applies");
-        }
-        conn.pragma_update(None, "user_version", 4)
-            .expect("the version is set");
+        migrate_to(&conn, 4).expect("the old migrations apply");
         let rows = [
             (
                 "acme:prod:wf:waiting",
@@ -333,11 +325,7 @@ mod tests {
         // A file as version 9 left it: records of every status, in two tenants and two
         // environments, with and without a job, a request, a trace, a duplicate-intent window.
         let conn = Connection::open_in_memory().expect("an in-memory database");
-        for (_, sql) in &MIGRATIONS[..9] {
-            conn.execute_batch(sql).expect("an old migration applies");
-        }
-        conn.pragma_update(None, "user_version", 9)
-            .expect("the version is set");
+        migrate_to(&conn, 9).expect("the old migrations apply");
         let statuses = [
             "pending",
             "applied",
