@@ -63,12 +63,17 @@ def main() -> None:
     parser.add_argument("--unique-only", action="store_true", help="no replay phase")
     parser.add_argument("--native", action="store_true", help="call the extension's invoke directly")
     parser.add_argument("--pin-callers", type=int, default=None, metavar="CPU", help="bind the calling threads to CPU")
+    parser.add_argument(
+        "--timeout", default="60", help="the tool's timeout in seconds, or `none` (default 60, the decorator's default)"
+    )
     args = parser.parse_args()
     counts = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
         effects = 0
 
-        @local.tool("bench.noop", fingerprint=["n"])
+        timeout = None if args.timeout == "none" else float(args.timeout)
+
+        @local.tool("bench.noop", fingerprint=["n"], timeout=timeout)
         def noop(n: int) -> dict[str, int]:
             nonlocal effects
             effects += 1

@@ -1,7 +1,8 @@
 """The same no-op effect, guarded three ways, side by side in one run (issue 30, part 5):
 
 - `idemgate-local`: a function guarded in process by this package (`@local.tool`), its store a
-  SQLite file (WAL, `synchronous=FULL`: every recorded call is fsynced);
+  SQLite file (WAL, `synchronous=FULL`: every recorded call is fsynced), without a timeout as
+  Powertools' function has none (`--local-timeout 60` for the decorator's default);
 - `powertools-redis`: AWS Lambda Powertools' `@idempotent_function` with its Redis persistence
   layer, on the Redis at `--redis` (127.0.0.1:6379; Redis does not fsync by default);
 - `rust-library`: the same application and contract driven from Rust
@@ -18,7 +19,7 @@ run of N calls on 8 threads (`--memory-unique` new keys, then replays of them ro
 its RSS sampled every half second.
 
     python bench/side_by_side.py --rust-bench PATH [--calls 4000] [--replays 20000] [--seconds 10] [--rounds 3]
-        [--memory 1000000 --memory-unique 20000]
+        [--memory 1000000 --memory-unique 20000] [--local-timeout none|SECONDS]
 
 `bench/run` builds what this needs (the extension in release mode, the Rust bench binary) and
 runs it; see BENCHMARKS.md, "In process (Python)".
@@ -112,14 +113,18 @@ def rss_mb() -> float:
 # The systems, each in its own process (`--only NAME`).
 
 
-def run_local(calls: int, replays: int, seconds: float, memory: int, memory_unique: int) -> None:
+def run_local(calls: int, replays: int, seconds: float, memory: int, memory_unique: int, timeout: float | None) -> None:
     import idemgate
 
     effects: Counter[str] = Counter()
     lock = threading.Lock()
     with tempfile.TemporaryDirectory() as d, idemgate.Local(f"sqlite://{Path(d) / 'bench.sqlite'}") as local:
 
-        @local.tool("bench.noop", fingerprint=["n"])
+        # No timeout by default, as Powertools' function has none: a lone caller then runs the
+        # function on its own thread, as Powertools does. With one (`--local-timeout 60`, the
+        # decorator's default) it runs on a runner thread, so that the caller can be answered
+        # when the timeout passes.
+        @local.tool("bench.noop", fingerprint=["n"], timeout=timeout)
         def noop(n: int, *, idempotency_key: str) -> dict[str, int]:
             with lock:  # the effect
                 effects[idempotency_key] += 1
@@ -281,17 +286,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three (default 3)")
     parser.add_argument("--memory", type=int, default=0, help="in-process calls for the RSS samples (default none)")
     parser.add_argument("--memory-unique", type=int, default=20000, help="of which new keys (default 20000)")
+    parser.add_argument(
+        "--local-timeout", default="none", help="the in-process tool's timeout in seconds, or `none` (the default, as Powertools')"
+    )
     parser.add_argument("--redis", default="127.0.0.1:6379", help="Powertools' Redis, HOST:PORT")
     parser.add_argument("--rust-bench", help="the built `in_process` bench binary of idemgate-app")
     parser.add_argument("--only", choices=["idemgate-local", "powertools-redis"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only == "idemgate-local":
-        return run_local(args.calls, args.replays, args.seconds, args.memory, args.memory_unique)
+        timeout = None if args.local_timeout == "none" else float(args.local_timeout)
+        return run_local(args.calls, args.replays, args.seconds, args.memory, args.memory_unique, timeout)
     if args.only == "powertools-redis":
         return run_powertools(args.calls, args.replays, args.seconds, args.redis)
 
     budget = args.seconds * 4 * 2 + 120
-    me = [sys.executable, __file__, "--calls", str(args.calls), "--replays", str(args.replays), "--seconds", str(args.seconds)]
+    me = [sys.executable, __file__, "--calls", str(args.calls), "--replays", str(args.replays), "--seconds", str(args.seconds),
+          "--local-timeout", args.local_timeout]
     rounds: list[dict[str, dict[str, float]]] = []
     for r in range(1, args.rounds + 1):
         print(f"\n######## round {r} of {args.rounds}", flush=True)

@@ -11,7 +11,8 @@
 //!
 //! Where a function runs: a synchronous one on a [`runner`] thread (never the engine's, whose
 //! lease renewals and timeouts must keep running), with the interpreter lock taken only there
-//! and its answer read there too; an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
+//! and its answer read there too — or, for a caller alone and a function without a timeout,
+//! on the caller's own thread ([`crate::here`]); an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
 //! call is waiting for this very operation, otherwise the background loop the Python side
 //! started. The caller's `contextvars` go with the call when the caller is waiting
 //! ([`Callers`]); the recoverer's calls have none.
@@ -230,12 +231,29 @@ impl Callable {
             // The waiter may have stopped waiting (its timeout); the answer is then dropped.
             let _ = answer_to.send(answer);
         });
-        let ticket = runner::submit(run);
+        // The only caller waiting, polling its own call, with no timeout to answer it at while
+        // its function still runs: its own thread runs the function once this poll ends
+        // (`here`). With a timeout the function must run elsewhere, so that the caller can be
+        // answered when it passes.
+        let ticket = runner::submit(run, timeout.is_none() && crate::runtime::blocked_alone());
         let lost = || {
             Err(Failure::Broke(
                 "the thread running the function failed".into(),
             ))
         };
+        if ticket.here {
+            // Answered before the next poll on this thread, which reads it: no waker is left
+            // for the answer, so that the function's end wakes nobody. (The lease's renewals
+            // still wake the call while the function runs; another thread then polls it.)
+            let answered = std::future::poll_fn(|_| match answered.try_recv() {
+                Ok(answer) => std::task::Poll::Ready(Some(answer)),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                    std::task::Poll::Ready(None)
+                }
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => std::task::Poll::Pending,
+            });
+            return answered.await.unwrap_or_else(lost);
+        }
         let deadline = timeout.map(|limit| tokio::time::Instant::now() + limit);
         // The only caller waiting, its call queued alone with a runner woken for it: the
         // answer comes as soon as that runner has woken and called the function, usually well
@@ -270,18 +288,7 @@ impl Callable {
         };
         match answer {
             Ok(answer) => answer.unwrap_or_else(|_| lost()),
-            Err(_) => {
-                let limit = timeout.unwrap_or_default();
-                if ticket.abandon() {
-                    // Never started, and now never will: nothing was done.
-                    Err(Failure::NotCalled(format!(
-                        "no thread was free to call the function within its timeout of {} s",
-                        limit.as_secs_f64()
-                    )))
-                } else {
-                    Err(Failure::Broke(overdue(limit)))
-                }
-            }
+            Err(_) => timed_out(&ticket, timeout),
         }
     }
 
@@ -346,6 +353,20 @@ impl Callable {
 
 /// How long the only waiting caller watches for its function's answer before it sleeps.
 const SPIN_FOR: Duration = Duration::from_micros(150);
+
+/// A synchronous call's answer once its timeout has passed unanswered.
+fn timed_out<T>(ticket: &runner::Ticket, timeout: Option<Duration>) -> Result<T, Failure> {
+    let limit = timeout.unwrap_or_default();
+    if ticket.abandon() {
+        // Never started, and now never will: nothing was done.
+        Err(Failure::NotCalled(format!(
+            "no thread was free to call the function within its timeout of {} s",
+            limit.as_secs_f64()
+        )))
+    } else {
+        Err(Failure::Broke(overdue(limit)))
+    }
+}
 
 fn overdue(limit: Duration) -> String {
     format!(

@@ -19,9 +19,12 @@
 //!   Python waits on it.
 //! - [`poller`] — the thread that polls synchronous callers' futures while several wait at
 //!   once.
+//! - [`here`] — a synchronous caller alone polls its own call and, for a function without a
+//!   timeout, runs the function itself.
 
 mod convert;
 mod effect;
+mod here;
 mod local;
 mod poller;
 mod runner;

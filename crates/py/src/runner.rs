@@ -8,10 +8,15 @@
 //! its waiter wakes (or starts) another runner, so a slow function delays the others by that
 //! much at most. A runner idle for [`KEEP_ALIVE`] ends.
 //!
+//! A caller alone, polling its own call on its own thread ([`crate::here`]), takes its
+//! function's job itself instead ([`submit`] with `here`): the runner's wake-up was then the
+//! one hand-off left between thread and thread in its call.
+//!
 //! Nothing here decides anything about the call: a job is a closure that calls the function and
 //! answers its waiter, and [`Ticket::abandon`] tells a waiter whose patience ran out whether the
 //! call never started (then it never will).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -45,6 +50,9 @@ pub struct Ticket {
     /// The call was queued alone and a runner was woken (or started) for it: that runner takes
     /// it first, behind nobody's function, so its waiter needs no [`NUDGE_AFTER`] watch.
     pub first: bool,
+    /// The call was handed to the thread polling it, which runs it as soon as that poll ends
+    /// ([`taking_here`]): nobody needs waking for it, and it is never behind another.
+    pub here: bool,
 }
 
 impl Ticket {
@@ -124,10 +132,72 @@ fn pool() -> &'static Pool {
     })
 }
 
-/// Queues `run` for a runner, waking or starting one if none is awake.
-pub fn submit(run: Run) -> Ticket {
+thread_local! {
+    /// On a caller's thread while it polls its own call ([`taking_here`]): `Some`, holding the
+    /// job handed to it once there is one.
+    static HERE: RefCell<Option<Option<Job>>> = const { RefCell::new(None) };
+}
+
+/// A job handed to the thread that polled its call, to be run there ([`run_here`]).
+pub struct Here(Job);
+
+/// Runs `poll` with this thread taking, instead of a runner, the job of a call [`submit`]ted
+/// with `here` meanwhile; answers what `poll` returned and that job, if any.
+pub fn taking_here<T>(poll: impl FnOnce() -> T) -> (T, Option<Here>) {
+    let outer = HERE.with(|slot| slot.borrow_mut().replace(None));
+    // Restored even if `poll` unwinds: a job handed over then is dropped, answering nothing,
+    // with the future that waited for it.
+    struct Restore(Option<Option<Job>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            HERE.with(|slot| *slot.borrow_mut() = outer);
+        }
+    }
+    let restore = Restore(outer);
+    let polled = poll();
+    let job = HERE.with(|slot| slot.borrow_mut().as_mut().and_then(Option::take));
+    drop(restore);
+    (polled, job.map(Here))
+}
+
+/// Runs a job handed over by [`taking_here`] on this thread, with the interpreter lock taken for
+/// it (none when the interpreter is shutting down: the job then answers that its function was
+/// not called). Counted as running, as a runner's job is, for [`wait_until_quiet`].
+pub fn run_here(job: Here) {
     let pool = pool();
+    pool.lock().running += 1;
+    let _running = Running(pool);
+    let mut job = Some(job.0);
+    Python::try_attach(|py| job.take().map(|job| start(job, Some(py))));
+    if let Some(job) = job {
+        start(job, None);
+    }
+}
+
+/// Queues `run` for a runner, waking or starting one if none is awake; with `here`, hands it to
+/// this thread instead where it is polling its own call ([`taking_here`]) and holds no job yet.
+pub fn submit(run: Run, here: bool) -> Ticket {
     let state = Arc::new(AtomicU8::new(QUEUED));
+    let mut run = Some(run);
+    if here {
+        HERE.with(|slot| {
+            if let Some(empty @ None) = slot.borrow_mut().as_mut() {
+                *empty = run.take().map(|run| Job {
+                    state: state.clone(),
+                    run,
+                });
+            }
+        });
+    }
+    let Some(run) = run else {
+        return Ticket {
+            state,
+            first: true,
+            here: true,
+        };
+    };
+    let pool = pool();
     let mut s = pool.lock();
     let alone = s.jobs.is_empty();
     s.jobs.push_back(Job {
@@ -144,11 +214,19 @@ pub fn submit(run: Run) -> Ticket {
             if let Some(job) = job {
                 start(job, None);
             }
-            return Ticket { state, first: true };
+            return Ticket {
+                state,
+                first: true,
+                here: false,
+            };
         }
         first = alone;
     }
-    Ticket { state, first }
+    Ticket {
+        state,
+        first,
+        here: false,
+    }
 }
 
 /// For a waiter whose call has not started after [`NUDGE_AFTER`]: another runner for the queue.

@@ -65,18 +65,24 @@ fn poll_here<F: Future>(runtime: &Runtime, future: F) -> PyResult<F::Output> {
 
 /// [`block_on`] for a call that may be polled elsewhere: while other callers wait too, its
 /// future is polled on the extension's poller thread after its first poll here
-/// ([`crate::poller`]); a caller alone polls its own.
+/// ([`crate::poller`]); a caller alone polls its own, and runs its tool's function itself where
+/// it may ([`crate::here`]) — never on the main thread, where Python runs its signal handlers:
+/// a Ctrl-C there must stop the program once the call is answered, not the function midway.
 pub fn block_on_shared<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let runtime = runtime()?;
+    let main = is_main_thread(py);
     py.detach(|| {
         let others = BLOCKED.load(Ordering::Relaxed) > 0;
         let _blocked = Blocked::enter();
         if !others {
-            return poll_here(runtime, future);
+            if main {
+                return poll_here(runtime, future);
+            }
+            return crate::here::run(runtime.handle(), future).map_err(|panic| internal(&*panic));
         }
         let _entered = runtime.enter();
         match crate::poller::run(runtime.handle(), future) {
@@ -86,6 +92,24 @@ where
             )),
             Err(future) => poll_here(runtime, future),
         }
+    })
+}
+
+/// Whether this is the interpreter's main thread (asked of Python once per thread).
+fn is_main_thread(py: Python<'_>) -> bool {
+    thread_local! {
+        static MAIN: OnceCell<bool> = const { OnceCell::new() };
+    }
+    MAIN.with(|main| {
+        *main.get_or_init(|| {
+            let main = || -> PyResult<bool> {
+                let threading = py.import("threading")?;
+                let current = threading.call_method0("current_thread")?;
+                Ok(current.is(&threading.call_method0("main_thread")?))
+            };
+            // Unknown: taken as the main thread, which keeps the function off it.
+            main().unwrap_or(true)
+        })
     })
 }
 

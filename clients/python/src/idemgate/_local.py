@@ -316,7 +316,9 @@ class _LocalCore:
         `fingerprint` (the material argument names; all arguments by default), `version`,
         `lookup` (the receipt lookup by operation key: returns a `Receipt` or None),
         `authorize`, `approval` (`"always"`, `"never"` or `{argument: [values]}`),
-        `retention`, `timeout` (seconds; None for none), `deduplicates_by_key` (the function's
+        `retention`, `timeout` (seconds, 60 by default; None for none: the caller then waits
+        for the function however long it takes, and a caller alone off the main thread runs it
+        on its own thread, saving a hand-off), `deduplicates_by_key` (the function's
         downstream deduplicates on the key it is given, so an ambiguous call may be resent),
         `poll` (the job poller for functions that return a `Job`), `lease_seconds` — or a
         contract file (`contract="contracts/refunds.issue.yaml"`, read and linted as the
