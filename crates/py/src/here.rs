@@ -114,7 +114,6 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let _entered = runtime.enter();
     let call = Arc::new(Call {
         caller: std::thread::current(),
         runtime: runtime.clone(),
@@ -133,6 +132,9 @@ where
                 return output.unwrap_or_else(|| Err(Box::new("a call finished unanswered")));
             };
             call.woken.store(false, Ordering::SeqCst);
+            // The runtime entered for the poll only (its timers, its tasks): the function then
+            // runs outside it, as on a runner.
+            let _entered = runtime.enter();
             let (polled, job) = runner::taking_here(|| {
                 catch_unwind(AssertUnwindSafe(|| {
                     future.as_mut().poll(&mut Context::from_waker(&waker))
