@@ -12,9 +12,9 @@
 //! Where a function runs: a synchronous one on a [`runner`] thread (never the engine's, whose
 //! lease renewals and timeouts must keep running), with the interpreter lock taken only there
 //! and its answer read there too — or, for a caller alone and a function without a timeout,
-//! on the caller's own thread ([`crate::here`]); an `async def` one on an asyncio event loop — the caller's, when an `AsyncLocal`
-//! call is waiting for this very operation, otherwise the background loop the Python side
-//! started. The caller's `contextvars` go with the call when the caller is waiting
+//! on the caller's own thread ([`crate::here`]); an `async def` one on an asyncio event loop —
+//! the caller's, when an `AsyncLocal` call is waiting for this very operation, otherwise the
+//! background loop the Python side started. The caller's `contextvars` go with the call when the caller is waiting
 //! ([`Callers`]); the recoverer's calls have none.
 
 use std::collections::HashMap;
@@ -288,7 +288,18 @@ impl Callable {
         };
         match answer {
             Ok(answer) => answer.unwrap_or_else(|_| lost()),
-            Err(_) => timed_out(&ticket, timeout),
+            Err(_) => {
+                let limit = timeout.unwrap_or_default();
+                if ticket.abandon() {
+                    // Never started, and now never will: nothing was done.
+                    Err(Failure::NotCalled(format!(
+                        "no thread was free to call the function within its timeout of {} s",
+                        limit.as_secs_f64()
+                    )))
+                } else {
+                    Err(Failure::Broke(overdue(limit)))
+                }
+            }
         }
     }
 
@@ -353,20 +364,6 @@ impl Callable {
 
 /// How long the only waiting caller watches for its function's answer before it sleeps.
 const SPIN_FOR: Duration = Duration::from_micros(150);
-
-/// A synchronous call's answer once its timeout has passed unanswered.
-fn timed_out<T>(ticket: &runner::Ticket, timeout: Option<Duration>) -> Result<T, Failure> {
-    let limit = timeout.unwrap_or_default();
-    if ticket.abandon() {
-        // Never started, and now never will: nothing was done.
-        Err(Failure::NotCalled(format!(
-            "no thread was free to call the function within its timeout of {} s",
-            limit.as_secs_f64()
-        )))
-    } else {
-        Err(Failure::Broke(overdue(limit)))
-    }
-}
 
 fn overdue(limit: Duration) -> String {
     format!(
