@@ -88,22 +88,36 @@ where
 
     fn poll_once(self: &Arc<Self>) {
         let mut slot = lock(&self.future);
-        let Some(future) = slot.as_mut() else { return };
         let waker = Waker::from(Arc::clone(self));
-        let polled = catch_unwind(AssertUnwindSafe(|| {
-            future.as_mut().poll(&mut Context::from_waker(&waker))
-        }));
-        let output = match polled {
-            Ok(Poll::Pending) => return,
-            Ok(Poll::Ready(output)) => Ok(output),
-            Err(panic) => Err(panic),
+        let Poll::Ready(output) = poll_slot(&mut slot, &waker) else {
+            return;
         };
-        *slot = None;
         *lock(&self.output) = Some(output);
         drop(slot);
         self.woken.store(true, Ordering::SeqCst);
         self.caller.unpark();
     }
+}
+
+/// Polls the future in `slot` once, if it is still there, a panic caught. A future that
+/// finished (or panicked) is dropped here and now, so that a task still due to poll it
+/// (`poll_elsewhere`) finds none.
+fn poll_slot<F: Future>(
+    slot: &mut Option<Pin<Box<F>>>,
+    waker: &Waker,
+) -> Poll<Result<F::Output, Panic>> {
+    let Some(future) = slot.as_mut() else {
+        return Poll::Pending;
+    };
+    let output = match catch_unwind(AssertUnwindSafe(|| {
+        future.as_mut().poll(&mut Context::from_waker(waker))
+    })) {
+        Ok(Poll::Pending) => return Poll::Pending,
+        Ok(Poll::Ready(output)) => Ok(output),
+        Err(panic) => Err(panic),
+    };
+    *slot = None;
+    Poll::Ready(output)
 }
 
 /// Runs `future` to its end on this thread, a caller blocked alone, running its tool's
@@ -126,32 +140,19 @@ where
     loop {
         let job = {
             let mut slot = lock(&call.future);
-            let Some(future) = slot.as_mut() else {
+            if slot.is_none() {
+                // Finished by a task of the runtime's while this thread ran the function.
                 drop(slot);
                 let output = lock(&call.output).take();
                 return output.unwrap_or_else(|| Err(Box::new("a call finished unanswered")));
-            };
+            }
             call.woken.store(false, Ordering::SeqCst);
             // The runtime entered for the poll only (its timers, its tasks): the function then
             // runs outside it, as on a runner.
             let _entered = runtime.enter();
-            let (polled, job) = runner::taking_here(|| {
-                catch_unwind(AssertUnwindSafe(|| {
-                    future.as_mut().poll(&mut Context::from_waker(&waker))
-                }))
-            });
-            // A finished future is dropped here and now: a task still due to poll it
-            // (`poll_elsewhere`) then finds none.
-            match polled {
-                Ok(Poll::Pending) => job,
-                Ok(Poll::Ready(output)) => {
-                    *slot = None;
-                    return Ok(output);
-                }
-                Err(panic) => {
-                    *slot = None;
-                    return Err(panic);
-                }
+            match runner::taking_here(|| poll_slot(&mut slot, &waker)) {
+                (Poll::Pending, job) => job,
+                (Poll::Ready(output), _) => return output,
             }
         };
         if let Some(job) = job {
