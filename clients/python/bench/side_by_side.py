@@ -6,7 +6,10 @@
 - `powertools-redis`: AWS Lambda Powertools' `@idempotent_function` with its Redis persistence
   layer, on the Redis at `--redis` (127.0.0.1:6379; Redis does not fsync by default);
 - `rust-library`: the same application and contract driven from Rust
-  (`cargo bench -p idemgate-app --bench in_process`), no Python in the path.
+  (`cargo bench -p idemgate-app --bench in_process`), no Python in the path;
+- `rust-hand-off` (with `--rust-hand-off`): the same, each effect performed on another thread
+  and answered through a channel (the bench's `--hand-off`): the one hand-off between threads a
+  Python function cannot avoid, without Python. Its ratios are printed beside the targets.
 
 Each runs in a process of its own: unique keys (each call claims, performs, records) and then
 replays of the keys it made, round and round to `--replays` calls (each answered from the
@@ -19,7 +22,7 @@ run of N calls on 8 threads (`--memory-unique` new keys, then replays of them ro
 its RSS sampled every half second.
 
     python bench/side_by_side.py --rust-bench PATH [--calls 4000] [--replays 20000] [--seconds 10] [--rounds 3]
-        [--memory 1000000 --memory-unique 20000] [--local-timeout none|SECONDS]
+        [--memory 1000000 --memory-unique 20000] [--local-timeout none|SECONDS] [--rust-hand-off]
 
 `bench/run` builds what this needs (the extension in release mode, the Rust bench binary) and
 runs it; see BENCHMARKS.md, "In process (Python)".
@@ -256,6 +259,13 @@ TARGETS = (
     ("unique, 1 thread: idemgate-local / powertools-redis", ("idemgate-local", "unique/1"), ("powertools-redis", "unique/1"), 0.8),
 )
 
+# Beside the targets, with `--rust-hand-off`: what the one unavoidable hand-off costs the Rust path,
+# and how the binding compares with the Rust path that has it too.
+BESIDE = (
+    ("unique, 8 threads: rust-hand-off / rust-library", ("rust-hand-off", "unique/8"), ("rust-library", "unique/8")),
+    ("unique, 8 threads: idemgate-local / rust-hand-off", ("idemgate-local", "unique/8"), ("rust-hand-off", "unique/8")),
+)
+
 
 def collect(name: str, command: list[str], timeout: float) -> dict[str, float]:
     print(f"== {name}: {' '.join(command)}", flush=True)
@@ -291,6 +301,7 @@ def main() -> None:
     )
     parser.add_argument("--redis", default="127.0.0.1:6379", help="Powertools' Redis, HOST:PORT")
     parser.add_argument("--rust-bench", help="the built `in_process` bench binary of idemgate-app")
+    parser.add_argument("--rust-hand-off", action="store_true", help="also the Rust path with each effect on another thread")
     parser.add_argument("--only", choices=["idemgate-local", "powertools-redis"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only == "idemgate-local":
@@ -316,6 +327,14 @@ def main() -> None:
                      "--seconds", str(args.seconds), "--threads", ",".join(map(str, THREADS))],
                     budget,
                 )
+            if args.rust_hand_off:
+                with tempfile.TemporaryDirectory() as d:
+                    rates["rust-hand-off"] = collect(
+                        "rust-hand-off",
+                        [args.rust_bench, "--store", str(Path(d) / "rust.sqlite"), "--calls", str(args.calls), "--replays",
+                         str(args.replays), "--seconds", str(args.seconds), "--threads", ",".join(map(str, THREADS)), "--hand-off"],
+                        budget,
+                    )
         rounds.append(rates)
     systems = list(rounds[0])
     print(f"\n== calls per second, median (min-max) of {len(rounds)} rounds")
@@ -338,7 +357,15 @@ def main() -> None:
                          "max": round(max(ratios), 2), "at_least": least, "met": met})
         print(f"{what}: {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
               f"(target >= {least}x) {'met' if met else 'NOT met'}")
-    print("# json " + json.dumps({"rounds": rounds, "targets": verdicts}))
+    beside = []
+    for what, (a, pa), (b, pb) in BESIDE:
+        ratios = [r[a][pa] / r[b][pb] for r in rounds if a in r and b in r]
+        if ratios:
+            if not beside:
+                print("\n== beside the targets: the ratio in each round, median (min-max)")
+            beside.append({"ratio": what, "median": round(median(ratios), 2), "min": round(min(ratios), 2), "max": round(max(ratios), 2)})
+            print(f"{what}: {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+    print("# json " + json.dumps({"rounds": rounds, "targets": verdicts, "beside": beside}))
     if args.memory:
         print("\n== memory")
         collect("idemgate-local", me + ["--only", "idemgate-local", "--memory", str(args.memory),

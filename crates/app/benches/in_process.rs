@@ -13,13 +13,19 @@
 //!
 //! `--store` also takes a URL: `postgres://…` runs the same calls on PostgreSQL.
 //!
+//! `--hand-off` performs each effect on a thread of its own, answered to the engine through a
+//! channel: the one hand-off between threads that a Python function cannot avoid (it runs on a
+//! thread holding the interpreter lock, never inside the engine's poll), with no Python in it.
+//! What that hand-off alone costs this path is the floor under the binding's ratio
+//! (docs/benchmarks/history.md, "One hand-off's price").
+//!
 //! Prints one CSV line per phase (`phase,ops,secs,ops_per_s`): `unique/T` delivers a new
 //! operation key per call (claim, effect, record), `replay/T` delivers the keys it made again,
 //! round and round to `--replays` calls (answered from the record). Every answer is checked (applied, then replayed) and every
 //! unique key's effect is counted: a wrong answer or a second effect fails the run.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use idemgate_app::{Assembly, Tool, ToolSet};
@@ -46,17 +52,53 @@ const CONTRACT: &str = r#"{
     "retention": {"record_ttl": "7d", "tombstone_ttl": "30d", "max_retry_window": "1d"}
 }"#;
 
-/// A no-op effect that counts itself.
-struct Noop(AtomicU64);
+/// A no-op effect that counts itself; with `performer`, performed on that thread.
+struct Noop {
+    effects: AtomicU64,
+    performer: Option<mpsc::Sender<Performed>>,
+}
+
+/// An effect's answer, sent back from the performer's thread.
+type Performed = tokio::sync::oneshot::Sender<()>;
+
+impl Noop {
+    fn new(hand_off: bool) -> Self {
+        let performer = hand_off.then(|| {
+            let (to, from) = mpsc::channel::<Performed>();
+            // Like a runner: one wake-up for whatever is queued when it wakes.
+            std::thread::spawn(move || {
+                while let Ok(first) = from.recv() {
+                    let _ = first.send(());
+                    for next in from.try_iter() {
+                        let _ = next.send(());
+                    }
+                }
+            });
+            to
+        });
+        Noop {
+            effects: AtomicU64::new(0),
+            performer,
+        }
+    }
+}
 
 impl Downstream for Noop {
     fn perform<'a>(&'a self, request: EffectRequest<'a>) -> BoxFuture<'a, EffectOutcome> {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.effects.fetch_add(1, Ordering::Relaxed);
         let receipt = Receipt {
             reference: request.key.step_id().to_string(),
             result: json!({"n": request.arguments["n"]}),
         };
-        Box::pin(std::future::ready(EffectOutcome::Committed(receipt)))
+        let Some(performer) = &self.performer else {
+            return Box::pin(std::future::ready(EffectOutcome::Committed(receipt)));
+        };
+        let (answer_to, answer) = tokio::sync::oneshot::channel();
+        performer.send(answer_to).expect("the performer's thread");
+        Box::pin(async move {
+            answer.await.expect("the performer's answer");
+            EffectOutcome::Committed(receipt)
+        })
     }
     fn lookup_receipt<'a>(&'a self, _key: &'a OperationKey) -> BoxFuture<'a, Lookup> {
         Box::pin(std::future::ready(Lookup::NotFound))
@@ -72,6 +114,7 @@ struct Args {
     replays: usize,
     seconds: f64,
     threads: Vec<usize>,
+    hand_off: bool,
 }
 
 fn args() -> Args {
@@ -81,6 +124,7 @@ fn args() -> Args {
         replays: 20000,
         seconds: 10.0,
         threads: vec![1, 8],
+        hand_off: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +140,7 @@ fn args() -> Args {
                     .map(|t| t.trim().parse().expect("--threads 1,8"))
                     .collect()
             }
+            "--hand-off" => a.hand_off = true,
             // `cargo bench` passes `--bench` to every bench binary.
             _ => {}
         }
@@ -171,7 +216,7 @@ fn main() {
         .block_on(idemgate_app::open_gateway_store(&url, None))
         .expect("open the store");
     let app = Assembly::new(store, ToolSet::default(), "development").build();
-    let noop = Arc::new(Noop(AtomicU64::new(0)));
+    let noop = Arc::new(Noop::new(a.hand_off));
     app.tools().serve(Tool {
         contract: Arc::new(Contract::load(CONTRACT, "bench.noop").expect("the contract")),
         downstream: noop.clone(),
@@ -217,7 +262,7 @@ fn main() {
         );
         report("replay", &again, secs);
     }
-    let effects = noop.0.load(Ordering::Relaxed) as usize;
+    let effects = noop.effects.load(Ordering::Relaxed) as usize;
     println!("# effects check: unique_calls={unique_calls} effects={effects}");
     assert_eq!(effects, unique_calls, "one effect per unique call");
 }
