@@ -319,22 +319,19 @@ def main() -> None:
         rates: dict[str, dict[str, float]] = {}
         rates["idemgate-local"] = collect("idemgate-local", me + ["--only", "idemgate-local", "--memory", "0"], budget)
         rates["powertools-redis"] = collect("powertools-redis", me + ["--only", "powertools-redis", "--redis", args.redis], budget)
+        rust: list[tuple[str, list[str]]] = []
         if args.rust_bench:
+            rust.append(("rust-library", []))
+            if args.rust_hand_off:
+                rust.append(("rust-hand-off", ["--hand-off"]))
+        for name, extra in rust:
             with tempfile.TemporaryDirectory() as d:
-                rates["rust-library"] = collect(
-                    "rust-library",
+                rates[name] = collect(
+                    name,
                     [args.rust_bench, "--store", str(Path(d) / "rust.sqlite"), "--calls", str(args.calls), "--replays", str(args.replays),
-                     "--seconds", str(args.seconds), "--threads", ",".join(map(str, THREADS))],
+                     "--seconds", str(args.seconds), "--threads", ",".join(map(str, THREADS)), *extra],
                     budget,
                 )
-            if args.rust_hand_off:
-                with tempfile.TemporaryDirectory() as d:
-                    rates["rust-hand-off"] = collect(
-                        "rust-hand-off",
-                        [args.rust_bench, "--store", str(Path(d) / "rust.sqlite"), "--calls", str(args.calls), "--replays",
-                         str(args.replays), "--seconds", str(args.seconds), "--threads", ",".join(map(str, THREADS)), "--hand-off"],
-                        budget,
-                    )
         rounds.append(rates)
     systems = list(rounds[0])
     print(f"\n== calls per second, median (min-max) of {len(rounds)} rounds")
